@@ -1,0 +1,78 @@
+"""What produced an output: resolved settings, code revision and library versions.
+
+Every stage calls :func:`write_settings` on its output directory, so any result can
+be traced back to the exact settings and code that made it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import lrc
+
+SETTINGS_FILE = "settings.json"
+_LIBRARIES = ("torch", "transformers", "accelerate", "datasets", "lm_eval", "tokenizers")
+
+
+def git_revision() -> str | None:
+    """The commit of the `lrc` source tree, with ``-dirty`` if it has local changes."""
+    src = Path(lrc.__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return rev + ("-dirty" if dirty else "")
+
+
+def library_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = metadata.version(name.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def to_jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def provenance(command: str, settings: Any) -> dict[str, Any]:
+    return {
+        "command": command,
+        "settings": to_jsonable(settings),
+        "lrc_version": lrc.__version__,
+        "git_revision": git_revision(),
+        "python": sys.version.split()[0],
+        "libraries": library_versions(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_settings(out_dir: str | Path, command: str, settings: Any, **extra: Any) -> Path:
+    """Write ``settings.json`` (settings, code revision, versions, and ``extra``) into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    record = provenance(command, settings) | to_jsonable(extra)
+    path = out / SETTINGS_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+    return path
