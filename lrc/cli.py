@@ -78,7 +78,8 @@ T = TypeVar("T")
 def parse_args(cls: type[T], argv: Sequence[str] | None = None, prog: str | None = None) -> T:
     """Parse ``--field-name value`` flags into the keyword-only dataclass ``cls``.
 
-    Field help comes from ``field(metadata={"help": ...})``. ``--config FILE.yaml``
+    Field help comes from ``field(metadata={"help": ...})``; ``metadata={"positional": True}``
+    also accepts the value as a positional argument. ``--config FILE.yaml``
     supplies values for any fields (keys are field names); flags given on the command
     line win. Unknown keys and wrong types are errors that name the key.
     """
@@ -93,6 +94,10 @@ def parse_args(cls: type[T], argv: Sequence[str] | None = None, prog: str | None
     config_file = ns.pop("config")
     if config_file is not None:
         values.update(_load_config_file(config_file, fields, hints))
+    for key in [k for k in ns if k.endswith("_positional")]:
+        value = ns.pop(key)
+        if value is not None:
+            ns[key.removesuffix("_positional")] = value
     values.update({k: v for k, v in ns.items() if v is not None})
     missing = [n for n, f in fields.items() if n not in values and _is_required(f)]
     if missing:
@@ -119,6 +124,9 @@ def _add_option(parser: argparse.ArgumentParser, name: str, tp: Any, f: dataclas
     flag = "--" + name.replace("_", "-")
     flags = [flag] if "_" not in name else [flag, "--" + name]
     help_text = f.metadata.get("help", "")
+    if f.metadata.get("positional"):
+        # A positional argument may still be given as a flag (handy in YAML and rules).
+        parser.add_argument(name + "_positional", metavar=name.upper(), nargs="?", type=_unwrap_optional(tp), help=help_text)
     if not _is_required(f):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_text += f" (default: {default})"
