@@ -1,0 +1,1 @@
+"""The built-in tiny world: a seeded synthetic world, its corpus, tokenizer and local tasks."""

@@ -1,0 +1,223 @@
+"""Token directories: exact round trip, the LRC text recipe, chat masks, refusals, atomicity."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from lrc.data import (
+    TokenDataset,
+    TokenizeArgs,
+    check_vocab,
+    chat_ids,
+    main,
+    read_manifest,
+    tokenize,
+    tokenizer_fingerprint,
+    write_tokens,
+)
+from lrc.errors import LRCError
+from lrc.world.tokenizer import train_tokenizer
+
+DOCS = [f"Person {i} lives in town {i % 7} and works as a baker number {i}." for i in range(200)]
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok")
+    train_tokenizer(DOCS, 400, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok(tok_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tok_dir))
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    return path
+
+
+def test_write_tokens_round_trips_rows_and_mask(tmp_path, tok):
+    rows = np.arange(5 * 8).reshape(5, 8) % len(tok)
+    mask = (rows % 3 == 0).astype(np.uint8)
+    out = write_tokens(tmp_path / "d", rows, loss_mask=mask, tokenizer=tok, source="unit")
+    ds = TokenDataset(out, expect_tokenizer=tok)
+    assert len(ds) == 5 and ds.seq_len == 8
+    for i in range(5):
+        item = ds[i]
+        assert item["input_ids"].dtype == torch.long and item["loss_mask"].dtype == torch.bool
+        assert item["input_ids"].tolist() == rows[i].tolist()
+        assert item["loss_mask"].tolist() == mask[i].astype(bool).tolist()
+    m = read_manifest(out)
+    assert m["dtype"] == "uint16" and m["rows"] == 5 and m["tokens"] == 40 and m["source"] == "unit"
+    assert m["tokenizer"]["fingerprint"] == tokenizer_fingerprint(tok)
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]  # no temporary left behind
+
+
+def test_without_mask_every_position_counts_and_large_vocab_is_uint32(tmp_path):
+    rows = np.array([[0, 70000, 5]])
+    ds = TokenDataset(write_tokens(tmp_path / "d", rows))
+    assert ds.manifest["dtype"] == "uint32"
+    assert ds[0]["input_ids"].tolist() == [0, 70000, 5]
+    assert ds[0]["loss_mask"].all()
+
+
+def test_dataset_survives_pickling_for_workers(tmp_path):
+    import pickle
+
+    ds = TokenDataset(write_tokens(tmp_path / "d", np.ones((3, 4), dtype=np.int64)))
+    ds[0]  # opens the memory map
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone[2]["input_ids"].tolist() == [1, 1, 1, 1]
+
+
+def test_truncated_file_is_refused(tmp_path):
+    out = write_tokens(tmp_path / "d", np.ones((3, 4), dtype=np.int64))
+    with open(out / "tokens.bin", "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(LRCError, match="expected 24 bytes"):
+        TokenDataset(out)
+
+
+def test_plain_text_follows_the_recipe_and_round_trips(tmp_path, tok, tok_dir, corpus):
+    args = TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / "tok", seq_len=16, valid_rows=2)
+    written = tokenize(args)
+    expected = []
+    for d in DOCS:
+        expected += [tok.eos_token_id] + tok(d, add_special_tokens=False)["input_ids"] + [tok.bos_token_id]
+    train, valid = TokenDataset(written["train"], expect_tokenizer=tok), TokenDataset(written["valid"], expect_tokenizer=tok_dir)
+    assert len(valid) == 2
+    valid_ids = torch.cat([valid[i]["input_ids"] for i in range(len(valid))]).tolist()
+    train_ids = torch.cat([train[i]["input_ids"] for i in range(len(train))]).tolist()
+    assert valid_ids == expected[:32]
+    # train/ starts at the first document that did not go to valid/: a clean document split.
+    start = _find(expected, train_ids[:16])
+    assert start >= 32 and expected[start] == tok.eos_token_id
+    assert train_ids == expected[start:start + len(train_ids)]
+    assert len(expected) - start - len(train_ids) < 16  # only the incomplete tail is dropped
+
+
+def _find(haystack, needle):
+    for i in range(len(haystack) - len(needle) + 1):
+        if haystack[i:i + len(needle)] == needle:
+            return i
+    raise AssertionError("row not found in the expected stream")
+
+
+def test_max_tokens_and_fraction_split_and_cli(tmp_path, tok_dir, corpus):
+    rc = main(["--tokenizer", str(tok_dir), "--source", str(corpus), "--out", str(tmp_path / "tok"),
+               "--seq-len", "8", "--max-tokens", "64", "--valid-fraction", "0.2"])
+    assert rc == 0
+    assert read_manifest(tmp_path / "tok" / "train")["rows"] == 8
+    assert read_manifest(tmp_path / "tok" / "valid")["rows"] >= 1
+    assert (tmp_path / "tok" / "settings.json").exists()
+
+
+def test_same_input_same_bytes(tmp_path, tok_dir, corpus):
+    hashes = []
+    for name in ("a", "b"):
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / name, seq_len=16))
+        hashes.append(read_manifest(tmp_path / name / "train")["content_hash"])
+    assert hashes[0] == hashes[1]
+    assert (tmp_path / "a/train/tokens.bin").read_bytes() == (tmp_path / "b/train/tokens.bin").read_bytes()
+
+
+def test_other_tokenizer_is_refused_naming_both(tmp_path, tok_dir, corpus):
+    other = tmp_path / "other_tok"
+    train_tokenizer(DOCS[::-1] + ["zebra quokka"] * 30, 420, other)
+    tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / "tok", seq_len=16))
+    with pytest.raises(LRCError, match=r"built with tokenizer .*tok.*expected tokenizer .*other_tok"):
+        TokenDataset(tmp_path / "tok" / "train", expect_tokenizer=other)
+
+
+def test_chat_mask_covers_exactly_the_assistant_answers(tok):
+    messages = [{"role": "user", "content": "Where does person 3 live?"},
+                {"role": "assistant", "content": " town 3"},
+                {"role": "user", "content": "And person 4?"},
+                {"role": "assistant", "content": " town 4"}]
+    ids, mask = chat_ids(tok, messages)
+    assert ids == tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+    trained = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert trained == " town 3<|eos|> town 4<|eos|>"
+
+
+@pytest.mark.parametrize("layout", ["pack", "pad"])
+def test_chat_tokenize_writes_a_mask(tmp_path, tok_dir, tok, layout):
+    src = tmp_path / "sft.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"Where does person {i} live?"},
+                          {"role": "assistant", "content": f" town {i % 7}"}]} for i in range(40)]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    written = tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(src), out=tmp_path / "sft", seq_len=24,
+                                    chat=True, chat_layout=layout, valid_rows=2))
+    ds = TokenDataset(written["train"])
+    assert ds.has_mask and len(ds) > 0
+    item = ds[0]
+    answer = tok.decode(item["input_ids"][item["loss_mask"]].tolist())
+    assert "town" in answer and "Where" not in answer
+    if layout == "pad":
+        assert item["input_ids"][-1].item() == tok.pad_token_id and not item["loss_mask"][-1]
+
+
+def test_missing_source_file_is_named_and_nothing_is_left(tmp_path, tok_dir):
+    out = tmp_path / "tok"
+    with pytest.raises(LRCError, match="source file not found: .*nope.jsonl"):
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(tmp_path / "nope.jsonl"), out=out, seq_len=8))
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_unreadable_source_is_named(tmp_path, tok_dir):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{not json\n')
+    with pytest.raises(LRCError, match=r"bad.jsonl:2: not valid JSON"):
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(bad), out=tmp_path / "tok", seq_len=8))
+    if os.geteuid() != 0:
+        bad.write_text('{"text": "fine"}\n')
+        bad.chmod(0)
+        with pytest.raises(LRCError, match="cannot read source file .*bad.jsonl"):
+            tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(bad), out=tmp_path / "tok", seq_len=8))
+    assert not (tmp_path / "tok" / "train").exists()
+    assert [p for p in (tmp_path / "tok").iterdir()] == []
+
+
+def test_empty_corpus_is_refused(tmp_path, tok_dir):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(LRCError, match="empty corpus"):
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(empty), out=tmp_path / "tok", seq_len=8))
+    assert list((tmp_path / "tok").iterdir()) == []
+
+
+def test_wrong_text_field_is_named(tmp_path, tok_dir, corpus):
+    with pytest.raises(LRCError, match="no field 'content'"):
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / "t", seq_len=8, text_field="content"))
+
+
+def test_vocabulary_larger_than_embedding_is_refused(tmp_path, tok, tok_dir, corpus):
+    from tests.conftest import make_teacher
+
+    with pytest.raises(LRCError, match="400 tokens, which does not fit an embedding of 97 rows"):
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / "t", seq_len=8, model_vocab=97))
+    written = tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / "t", seq_len=8))
+    ds = TokenDataset(written["train"])
+    with pytest.raises(LRCError, match=r"has 400 tokens, which does not fit the model's embedding \(97 rows"):
+        check_vocab(ds, make_teacher("llama-tied"))
+    check_vocab(ds, make_teacher("llama-tied", vocab_size=len(tok)))  # fits: no error
+
+
+def test_hub_id_without_network_names_the_id(tmp_path, tok_dir, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    with pytest.raises(LRCError, match="cannot load dataset 'someone/no-such-corpus'"):
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source="someone/no-such-corpus", out=tmp_path / "t", seq_len=8))
+    assert list((tmp_path / "t").iterdir()) == []
