@@ -1,0 +1,35 @@
+# LRC reach: teacher -> SVD -> LRC warm start -> distill {arm} -> merge -> {evaluate, SFT -> evaluate}
+# -> tables, figure, report.  Settings live in the config (see workflow/schemas/config.schema.yaml);
+# each rule hands one config section to one `lrc` command as flags.
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+# --configfile replaces the built-in tiny world instead of being merged into it, so a paper
+# config never inherits stray tiny-world settings; --config key=value still overrides either.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/world.smk"
+include: "workflow/rules/download.smk"
+include: "workflow/rules/tokenize.smk"
+include: "workflow/rules/pretrain.smk"
+include: "workflow/rules/svd.smk"
+include: "workflow/rules/warmstart.smk"
+include: "workflow/rules/distill.smk"
+include: "workflow/rules/merge.smk"
+include: "workflow/rules/sft.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/audit.smk"
+include: "workflow/rules/aggregate.smk"
+
+
+rule all:
+    input:
+        final_targets(),
+    default_target: True

@@ -1,0 +1,77 @@
+# Results tables, the token-efficiency figure, and their entries in `snakemake --report`.
+
+
+rule table1:
+    input:
+        table1_inputs,
+    output:
+        report("results/table1.csv", caption="../report/table1.rst", category="Tables"),
+    log:
+        "logs/aggregate/table1.log",
+    benchmark:
+        "benchmarks/aggregate/table1.tsv"
+    conda:
+        "../envs/lrc.yaml"
+    shell:
+        "lrc aggregate --table table1 --inputs {input} --out {output} > {log} 2>&1"
+
+
+rule table_sft:
+    input:
+        sft_inputs,
+    output:
+        report("results/table_sft.csv", caption="../report/table_sft.rst", category="Tables"),
+    log:
+        "logs/aggregate/table_sft.log",
+    benchmark:
+        "benchmarks/aggregate/table_sft.tsv"
+    conda:
+        "../envs/lrc.yaml"
+    shell:
+        "lrc aggregate --table sft --inputs {input} --out {output} > {log} 2>&1"
+
+
+rule controls:
+    input:
+        controls_inputs,
+    output:
+        report("results/controls.csv", caption="../report/controls.rst", category="Tables"),
+    log:
+        "logs/aggregate/controls.log",
+    benchmark:
+        "benchmarks/aggregate/controls.tsv"
+    conda:
+        "../envs/lrc.yaml"
+    shell:
+        "lrc aggregate --table controls --inputs {input} --out {output} > {log} 2>&1"
+
+
+rule audit_table:
+    input:
+        expand("results/{exp}/audit.csv", exp=EXPS),
+    output:
+        report("results/audit.csv", caption="../report/audit.rst", category="Tables"),
+    log:
+        "logs/aggregate/audit.log",
+    benchmark:
+        "benchmarks/aggregate/audit.tsv"
+    conda:
+        "../envs/lrc.yaml"
+    shell:
+        "lrc aggregate --table audit --inputs {input} --out {output} > {log} 2>&1"
+
+
+rule token_efficiency:
+    input:
+        "results/table1.csv",
+    output:
+        png=report("results/token_efficiency.png", caption="../report/token_efficiency.rst", category="Figures"),
+        pdf="results/token_efficiency.pdf",
+    log:
+        "logs/aggregate/token_efficiency.log",
+    benchmark:
+        "benchmarks/aggregate/token_efficiency.tsv"
+    conda:
+        "../envs/lrc.yaml"
+    shell:
+        "lrc figure --table {input} --out {output.png} {output.pdf} > {log} 2>&1"

@@ -1,0 +1,24 @@
+# The reachability audit of the deployed student shape: reachable dimensions per weight and arm.
+
+
+rule audit:
+    input:
+        teacher="results/{exp}/teacher",
+    output:
+        "results/{exp}/audit.csv",
+    params:
+        hidden=lambda wildcards: X(wildcards.exp)["student"]["hidden_size"],
+        flags=section("audit"),
+    log:
+        "logs/{exp}/audit.log",
+    benchmark:
+        "benchmarks/{exp}/audit.tsv"
+    conda:
+        "../envs/lrc.yaml"
+    threads: res("audit", "threads")
+    resources:
+        mem_mb=res("audit", "mem_mb"),
+        runtime=res("audit", "runtime"),
+    shell:
+        "OMP_NUM_THREADS={threads} lrc audit {input.teacher} --student-hidden {params.hidden}"
+        " --csv {output} {params.flags} > {log} 2>&1"

@@ -1,0 +1,29 @@
+# One arm, recipe, seed and token budget, continued from the warm start.
+
+
+rule distill:
+    input:
+        teacher="results/{exp}/teacher",
+        bases="results/{exp}/svd",
+        warmstart="results/{exp}/warmstart",
+        data="results/{exp}/data/corpus",
+    output:
+        directory(f"results/{{exp}}/distill/{RUN}"),
+    params:
+        flags=distill_flags,
+    log:
+        f"logs/{{exp}}/distill/{RUN}.log",
+    benchmark:
+        f"benchmarks/{{exp}}/distill/{RUN}.tsv"
+    conda:
+        "../envs/lrc.yaml"
+    threads: res("distill", "threads")
+    resources:
+        gpu=res("distill", "gpu"),
+        mem_mb=res("distill", "mem_mb"),
+        runtime=res("distill", "runtime"),
+    shell:
+        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} distill --teacher {input.teacher} --bases {input.bases}"
+        " --warmstart {input.warmstart} --data {input.data} --arm {wildcards.arm}"
+        " --recipe {wildcards.recipe} --seed {wildcards.seed} --tokens {wildcards.tokens}"
+        " --out {output} --ckpt-dir $(ckpt_dir {output} {params.flags:q} {input}) {params.flags} > {log} 2>&1"

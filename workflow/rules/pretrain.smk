@@ -1,0 +1,28 @@
+# The tiny world's teacher, pretrained here from the world's model config.
+
+
+rule pretrain:
+    input:
+        world="results/{exp}/world",
+        corpus="results/{exp}/data/corpus",
+    output:
+        directory("results/{exp}/teacher"),
+    wildcard_constraints:
+        exp=exp_pattern(hub=False),
+    params:
+        flags=section("teacher", "pretrain"),
+    log:
+        "logs/{exp}/pretrain.log",
+    benchmark:
+        "benchmarks/{exp}/pretrain.tsv"
+    conda:
+        "../envs/lrc.yaml"
+    threads: res("pretrain", "threads")
+    resources:
+        gpu=res("pretrain", "gpu"),
+        mem_mb=res("pretrain", "mem_mb"),
+        runtime=res("pretrain", "runtime"),
+    shell:
+        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} pretrain --model-config {input.world}/teacher_config.json"
+        " --tokenizer {input.world}/tokenizer --data {input.corpus} --out {output}"
+        " --ckpt-dir $(ckpt_dir {output} {params.flags:q} {input}) {params.flags} > {log} 2>&1"

@@ -1,0 +1,27 @@
+# Token directories (train/, valid/) for the distillation corpus and the SFT chat set. The
+# tiny world brings its own text and tokenizer; a hub teacher brings its tokenizer and the
+# config names the dataset.
+
+
+rule tokenize:
+    input:
+        unpack(tokenize_source),
+    output:
+        directory("results/{exp}/data/{kind}"),
+    wildcard_constraints:
+        kind="corpus|sft",
+    params:
+        paths=tokenize_paths,
+        flags=lambda wildcards: cli_args(X(wildcards.exp)["data"][wildcards.kind]),
+    log:
+        "logs/{exp}/tokenize_{kind}.log",
+    benchmark:
+        "benchmarks/{exp}/tokenize_{kind}.tsv"
+    conda:
+        "../envs/lrc.yaml"
+    threads: res("tokenize", "threads")
+    resources:
+        mem_mb=res("tokenize", "mem_mb"),
+        runtime=res("tokenize", "runtime"),
+    shell:
+        "OMP_NUM_THREADS={threads} lrc tokenize {params.paths} --out {output} {params.flags} > {log} 2>&1"

@@ -1,0 +1,32 @@
+# Sourced before every rule's shell command (see shell.prefix in workflow/rules/common.smk).
+
+# `lrc` runs the package of this checkout, also inside a bare conda env from workflow/envs/,
+# so the code that ran is the code whose revision settings.json records.
+export PYTHONPATH="$LRC_REPO${PYTHONPATH:+:$PYTHONPATH}"
+lrc() { python -m lrc.cli "$@"; }
+
+# lrc_launch N COMMAND ARGS...: one process, or `accelerate launch` across the job's N GPUs.
+lrc_launch() {
+    local n=$1
+    shift
+    if [ "$n" -gt 0 ]; then
+        accelerate launch --num_processes "$n" -m lrc.cli "$@"
+    else
+        lrc "$@"
+    fi
+}
+
+# ckpt_dir OUTPUT FLAGS INPUT...: the job's checkpoint directory, checkpoints/<OUTPUT without
+# results/>/<key>. It lies outside every declared output, so a failed job keeps it and a
+# restart resumes from it; the key hashes the job's flags and its inputs' settings.json, so a
+# changed config or a rebuilt input starts afresh instead of resuming stale checkpoints.
+ckpt_dir() {
+    local out=$1 flags=$2
+    shift 2
+    local key
+    key=$({
+        printf '%s\n' "$flags"
+        for d in "$@"; do cat "$d/settings.json" 2>/dev/null || true; done
+    } | sha256sum | cut -c1-12)
+    printf 'checkpoints/%s/%s' "${out#results/}" "$key"
+}
