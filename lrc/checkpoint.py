@@ -84,6 +84,8 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".tmp-{final.name}-*"):  # left by a killed job
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:

@@ -1,0 +1,91 @@
+"""`lrc pretrain`: train a fresh model from a config with the language-modelling objective.
+
+This makes the tiny world's teacher. The model is built from ``--model-config`` (a
+transformers config JSON with ``model_type``) with weights drawn from ``--seed``, trained on
+every token of ``--data`` and saved as a plain HF checkpoint (safetensors) with the
+tokenizer, ``metrics.jsonl`` and ``settings.json``. Same seed and data, same weights.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from lrc.checkpoint import METRICS_FILE, atomic_dir
+from lrc.cli import parse_args
+from lrc.errors import LRCError
+from lrc.objectives import LMObjective
+from lrc.provenance import write_settings
+from lrc.train import TrainArgs, default_ckpt_dir, is_main_process, open_token_data, train, train_args_from
+
+
+@dataclass(kw_only=True)
+class PretrainArgs(TrainArgs):
+    """Pretrain a plain causal LM from a config (the tiny-world teacher)."""
+
+    model_config: Path = field(metadata={"help": "transformers config JSON (with model_type)"})
+    tokenizer: Path = field(metadata={"help": "tokenizer directory; saved with the model"})
+    data: Path = field(metadata={"help": "token directory (or a `lrc tokenize` output with train/)"})
+    out: Path = field(metadata={"help": "output directory: HF checkpoint + tokenizer"})
+
+
+def load_model_config(path: Path):
+    from transformers import AutoConfig
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise LRCError(f"--model-config {path}: cannot read JSON: {err}") from err
+    model_type = data.pop("model_type", None)
+    if not model_type:
+        raise LRCError(f"--model-config {path}: no model_type (e.g. \"llama\")")
+    try:
+        return AutoConfig.for_model(model_type, **data)
+    except ValueError as err:
+        raise LRCError(f"--model-config {path}: {err}") from err
+
+
+def save_hf_output(model: torch.nn.Module, tokenizer: Any, out: Path, *, command: str, settings: Any, summary: dict) -> None:
+    """Write the trained model, tokenizer, metrics and settings to ``out`` atomically."""
+    if not is_main_process():
+        return
+    out = Path(out)
+    metrics = out / METRICS_FILE
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if metrics.is_file():
+            shutil.copyfile(metrics, tmp / METRICS_FILE)
+        write_settings(tmp, command, settings, training=summary)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from transformers import AutoModelForCausalLM
+
+    from lrc.data import check_vocab, load_tokenizer
+
+    args = parse_args(PretrainArgs, argv, prog="lrc pretrain")
+    targs = train_args_from(args)
+    if targs.ckpt_dir is None:
+        targs.ckpt_dir = default_ckpt_dir(args.out)
+    if targs.threads:
+        torch.set_num_threads(targs.threads)
+    config = load_model_config(args.model_config)
+    tokenizer = load_tokenizer(args.tokenizer)
+    dataset = open_token_data(args.data, tokenizer=tokenizer)
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_config(config)
+    check_vocab(dataset, model)
+    summary = train(LMObjective(model), model, dataset, targs, args.out)
+    save_hf_output(model, tokenizer, args.out, command="pretrain", settings=args, summary=summary)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

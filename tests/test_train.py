@@ -1,0 +1,184 @@
+"""The training loop: schedules, data order, zero-token runs, metrics, guards, resume refusal."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lrc import checkpoint as ckpt
+from lrc.errors import LRCError
+from lrc.objectives import KDObjective, LMObjective, masked_ce
+from lrc.train import StepBatches, TrainArgs, lr_factor, train
+
+VOCAB, SEQ = 97, 16
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    """``rows`` seeded random sequences; rows listed in ``poison`` end in token VOCAB - 1."""
+
+    def __init__(self, rows: int = 64, seq_len: int = SEQ, seed: int = 0, poison: tuple[int, ...] = ()):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randint(0, VOCAB - 1, (rows, seq_len), generator=g)
+        for r in poison:
+            self.x[r, 3] = VOCAB - 1
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "loss_mask": torch.ones(self.x.shape[1], dtype=torch.bool)}
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM(cfg)
+
+
+def quiet(**kw) -> TrainArgs:
+    return TrainArgs(progress=False, **kw)
+
+
+def test_schedules_warm_up_then_decay():
+    steps, warm = 100, 10
+    assert [lr_factor(s, steps, warm, "linear") for s in (0, 4, 9)] == [0.1, 0.5, 1.0]
+    assert lr_factor(10, steps, warm, "linear") == 1.0 and lr_factor(99, steps, warm, "linear") == pytest.approx(1 / 90)
+    assert lr_factor(10, steps, warm, "cosine") == 1.0
+    assert lr_factor(55, steps, warm, "cosine") == pytest.approx(0.5)
+    assert lr_factor(99, steps, warm, "cosine") < 1e-3
+    assert lr_factor(99, steps, warm, "constant") == 1.0
+    assert lr_factor(0, steps, 0, "linear") == 1.0
+
+
+def _micro_batches(P: int, p: int, start: int = 0, steps: int = 5, micro: int = 2) -> list[list[int]]:
+    return list(StepBatches(10, seed=3, batch_size=8, micro_batch_size=micro, num_processes=P, process_index=p, start_step=start, steps=steps))
+
+
+def test_data_order_is_a_function_of_step_and_independent_of_processes():
+    one = _micro_batches(1, 0)
+    assert len(one) == 5 * 4
+    # Two processes interleave the same micro-batches.
+    two = [_micro_batches(2, 0), _micro_batches(2, 1)]
+    merged = [mb for k in range(10) for mb in (two[0][k], two[1][k])]
+    assert merged == one
+    # Resuming at step 2 reads exactly what an uninterrupted run reads from step 2 on.
+    assert _micro_batches(1, 0, start=2) == one[2 * 4:]
+    # Every epoch (10 rows) is a permutation; epochs differ.
+    flat = [i for mb in one for i in mb]
+    assert sorted(flat[:10]) == list(range(10)) and flat[:10] != flat[10:20]
+
+
+def test_training_lowers_the_loss_and_logs_every_term(tmp_path):
+    model = tiny_llama()
+    args = quiet(tokens=SEQ * 8 * 30, batch_size=8, micro_batch_size=4, lr=3e-3, warmup=0.1, log_every=5)
+    summary = train(LMObjective(model), model, RandomTokens(rows=16), args, tmp_path / "out")
+    assert summary["steps"] == 30 and summary["grad_accumulation"] == 2 and summary["tokens"] == 30 * 8 * SEQ
+    lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [5, 10, 15, 20, 25, 30]
+    for key in ("loss", "ce", "lr", "grad_norm", "tokens_per_s", "tokens"):
+        assert all(math.isfinite(x[key]) for x in lines), key
+    assert lines[-1]["loss"] < lines[0]["loss"] - 0.3  # 16 rows memorised a little
+    assert lines[0]["lr"] > lines[-1]["lr"]
+    assert summary["peak_memory_mib"] > 0
+    assert (tmp_path / "out.ckpt" / ckpt.DONE_FILE).is_file()
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "out.ckpt")] == ["step-000030"]
+
+
+def test_zero_tokens_trains_nothing_but_finishes(tmp_path):
+    model = tiny_llama()
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    summary = train(LMObjective(model), model, RandomTokens(), quiet(tokens=0), tmp_path / "out")
+    assert summary["steps"] == 0
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert (tmp_path / "out" / "metrics.jsonl").read_text() == ""
+    assert ckpt.read_done(tmp_path / "out.ckpt")["step"] == 0
+    # A second call finds the job done.
+    assert train(LMObjective(model), model, RandomTokens(), quiet(tokens=0), tmp_path / "out")["already_done"]
+
+
+def test_frozen_parameters_are_not_trained(tmp_path):
+    model = tiny_llama()
+    model.model.embed_tokens.requires_grad_(False)
+    frozen = model.model.embed_tokens.weight.clone()
+    train(LMObjective(model), model, RandomTokens(), quiet(tokens=SEQ * 8 * 3, lr=1e-2), tmp_path / "out")
+    assert torch.equal(frozen, model.model.embed_tokens.weight)
+    saved = ckpt.list_checkpoints(tmp_path / "out.ckpt")[-1] / ckpt.TRAINABLE_FILE
+    from safetensors.torch import load_file
+
+    assert "model.embed_tokens.weight" not in load_file(str(saved))
+
+
+def test_poisoned_batch_stops_with_step_and_term_and_keeps_last_checkpoint(tmp_path):
+    # One row of step 5's batch carries a token whose embedding is inf: that batch poisons the
+    # loss. (64 rows, 8 per step: steps 0-7 are one epoch, so the row is not drawn earlier.)
+    order = 5
+    row = _rows_of_step(order, rows=64, seed=0, batch_size=8)[0]
+    data = RandomTokens(rows=64, poison=(row,))
+    model = tiny_llama()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[VOCAB - 1] = float("inf")
+    args = quiet(tokens=SEQ * 8 * 8, batch_size=8, micro_batch_size=8, checkpoint_every=2, log_every=100)
+    with pytest.raises(LRCError, match=rf"non-finite value at step {order + 1} .*in: loss, ce") as err:
+        train(LMObjective(model), model, data, args, tmp_path / "out")
+    assert "last good checkpoint" in str(err.value)
+    kept = ckpt.list_checkpoints(tmp_path / "out.ckpt")
+    assert [p.name for p in kept] == [ckpt.step_dir_name(order - order % 2)]
+    from safetensors.torch import load_file
+
+    weights = load_file(str(kept[-1] / ckpt.TRAINABLE_FILE))
+    finite = {n: bool(torch.isfinite(t).all()) for n, t in weights.items() if n != "model.embed_tokens.weight"}
+    assert all(finite.values())
+    assert ckpt.read_done(tmp_path / "out.ckpt") is None
+
+
+def _rows_of_step(step: int, *, rows: int, seed: int, batch_size: int) -> list[int]:
+    sampler = StepBatches(rows, seed=seed, batch_size=batch_size, micro_batch_size=batch_size, num_processes=1, process_index=0, start_step=step, steps=step + 1)
+    return next(iter(sampler))
+
+
+def test_resume_refuses_a_checkpoint_made_with_other_settings(tmp_path):
+    model = tiny_llama()
+    train(LMObjective(model), model, RandomTokens(), quiet(tokens=SEQ * 8 * 2, lr=1e-3), tmp_path / "out")
+    with pytest.raises(LRCError, match=r"other settings \(lr differ\)"):
+        train(LMObjective(model), model, RandomTokens(), quiet(tokens=SEQ * 8 * 2, lr=2e-3), tmp_path / "out")
+
+
+def test_bad_batch_split_is_named():
+    with pytest.raises(LRCError, match="--batch-size 6 must be a multiple of --micro-batch-size 4"):
+        model = tiny_llama()
+        train(LMObjective(model), model, RandomTokens(), quiet(tokens=SEQ * 6, batch_size=6, micro_batch_size=4), "/tmp/never-used-lrc-out")
+    with pytest.raises(LRCError, match="--warmup"):
+        TrainArgs(warmup=5)
+
+
+def test_masked_ce_counts_only_masked_targets():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7)
+    ids = torch.randint(0, 7, (2, 5))
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[0, 3] = mask[1, 4] = True  # targets at positions 3 and 4, predicted from 2 and 3
+    got = masked_ce(logits, {"input_ids": ids, "loss_mask": mask})
+    lp = torch.log_softmax(logits, -1)
+    want = -(lp[0, 2, ids[0, 3]] + lp[1, 3, ids[1, 4]]) / 2
+    assert torch.allclose(got, want)
+    # Changing a logit at an uncounted position changes nothing.
+    logits2 = logits.clone()
+    logits2[0, 0] += 5
+    assert torch.equal(masked_ce(logits2, {"input_ids": ids, "loss_mask": mask}), got)
+
+
+def test_kd_objective_is_zero_for_the_teacher_itself_and_trains_the_student():
+    teacher, student = tiny_llama(0), tiny_llama(1)
+    batch = RandomTokens(rows=2)[0]
+    batch = {k: v[None] for k, v in batch.items()}
+    self_kl, _ = KDObjective(teacher, teacher, temperature=2.0).loss(batch)
+    assert abs(float(self_kl)) < 1e-5
+    kl, terms = KDObjective(teacher, student, temperature=2.0).loss(batch)
+    kl.backward()
+    assert float(kl.detach()) > 0 and set(terms) == {"kl"}
+    assert student.model.embed_tokens.weight.grad is not None and teacher.model.embed_tokens.weight.grad is None
