@@ -185,9 +185,16 @@ def tokenize_source(wildcards):
 
 
 def tokenize_paths(wildcards, input):
+    """The tiny world's text files and tokenizer; a hub teacher's tokenizer (the config names
+    the dataset as `source`). The chat set is always tokenised as chat (loss on answers)."""
+    chat = " --chat" if wildcards.kind == "sft" else ""
     if is_world(wildcards.exp):
-        return f"--input {input.world}/{wildcards.kind} --tokenizer {input.world}/tokenizer"
-    return f"--tokenizer {input.teacher}"
+        text = f"{input.world}/{wildcards.kind}"
+        return (
+            f"--tokenizer {input.world}/tokenizer --source {text}/train.jsonl"
+            f" --valid-source {text}/valid.jsonl{chat}"
+        )
+    return f"--tokenizer {input.teacher}{chat}"
 
 
 EVAL_NAME = rf"teacher|(lrc|kl)-({ARM_PATTERN})-s\d+-t\d+(\.sft)?"

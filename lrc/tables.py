@@ -1,0 +1,228 @@
+"""`lrc aggregate`: the results tables, built from evaluation JSONs (or audit CSVs).
+
+Each evaluation JSON is named after the model it scores (see docs/architecture.md):
+``results/{exp}/eval/teacher.json``, ``.../{recipe}-{arm}-s{seed}-t{tokens}.json`` for a
+distilled student, ``....sft.json`` for its fine-tuned version. A table has one row per
+experiment, recipe, arm and token budget (seeds averaged, their spread given) and the
+teacher's row for reference. Scores are in percent; ``gain_over_slice`` is the row's
+aggregate minus that of plain LRC (arm ``slice``) with the same experiment, recipe and budget;
+``vs_teacher`` is the row's aggregate minus the teacher's. Every row states the evaluation
+settings (lm-eval version, few-shot count, batch size, limit) and each task column names its
+metric, so a table cannot be read without them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import pandas as pd
+
+from lrc.cli import parse_args
+from lrc.errors import LRCError
+
+ARM_ORDER = ("teacher", "slice", "dense", "core", "confined", "randcomp")
+RUN_NAME = re.compile(r"^(?P<recipe>[a-z]+)-(?P<arm>[a-z]+)-s(?P<seed>\d+)-t(?P<tokens>\d+)(?P<sft>\.sft)?$")
+SETTINGS = ("lm_eval_version", "num_fewshot", "batch_size", "limit")
+EXTRAS = ("perplexity", "kl_to_teacher", "answer_logprob")
+
+
+@dataclass(kw_only=True)
+class AggregateArgs:
+    """Build one results table from evaluation JSONs (table1, sft, controls) or audit CSVs (audit)."""
+
+    table: Literal["table1", "sft", "controls", "audit"] = field(
+        metadata={"help": "table1: distilled students before SFT; sft: after SFT; controls: every arm incl. confined/randcomp; audit: concatenated audit CSVs"}
+    )
+    inputs: list[Path] = field(metadata={"help": "results/{exp}/eval/*.json files (audit: results/{exp}/audit.csv files)"})
+    out: Path = field(metadata={"help": "CSV file to write"})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(AggregateArgs, argv, prog="lrc aggregate")
+    if not args.inputs:
+        raise LRCError("--inputs: no files given")
+    if args.table == "audit":
+        frame = audit_table(args.inputs)
+    else:
+        frame = results_table(load_evaluations(args.inputs), sft=(args.table == "sft"))
+    write_csv(frame, args.out)
+    print(frame.to_string(index=False))
+    return 0
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def experiment_of(path: Path) -> str:
+    """results/{exp}/eval/x.json -> exp (and results/{exp}/audit.csv -> exp)."""
+    parent = path.parent
+    return parent.parent.name if parent.name == "eval" else parent.name
+
+
+def describe_model(name: str) -> dict[str, Any]:
+    """Split an evaluation file's stem into recipe, arm, seed, tokens and sft."""
+    if name == "teacher":
+        return {"recipe": "", "arm": "teacher", "seed": None, "tokens": None, "sft": False}
+    m = RUN_NAME.match(name)
+    if m is None:
+        raise LRCError(f"evaluation file name {name!r}: expected 'teacher' or '{{recipe}}-{{arm}}-s{{seed}}-t{{tokens}}[.sft]'")
+    return {
+        "recipe": m["recipe"],
+        "arm": m["arm"],
+        "seed": int(m["seed"]),
+        "tokens": int(m["tokens"]),
+        "sft": m["sft"] is not None,
+    }
+
+
+def load_evaluations(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    records = []
+    for path in paths:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise LRCError(f"cannot read evaluation file {path}: {err}") from err
+        for key in ("tasks", "aggregate", "lm_eval"):
+            if not isinstance(data.get(key), dict):
+                raise LRCError(f"evaluation file {path}: missing or malformed {key!r}")
+        name = path.name.removesuffix(".json")
+        records.append({"experiment": experiment_of(path), "file": str(path), **describe_model(name), "data": data})
+    return records
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def _task_columns(records: list[dict[str, Any]]) -> dict[str, str]:
+    """task -> column header 'task (metric)'; one metric per task across the table."""
+    metrics: dict[str, str] = {}
+    for rec in records:
+        for task, entry in rec["data"]["tasks"].items():
+            metric = entry.get("metric", "")
+            if metrics.setdefault(task, metric) != metric:
+                raise LRCError(f"task {task!r} is scored with {metrics[task]!r} in one file and {metric!r} in {rec['file']}")
+    return {task: f"{task} ({metric})" for task, metric in metrics.items()}
+
+
+def _percent(value: Any) -> float:
+    return float("nan") if value is None else 100.0 * float(value)
+
+
+def _one_or_all(values: list[Any]) -> Any:
+    """A setting shared by every seed, or all of them joined (so a mismatch is visible)."""
+    distinct = list(dict.fromkeys("" if v is None else v for v in values))
+    return distinct[0] if len(distinct) == 1 else " | ".join(map(str, distinct))
+
+
+def results_table(records: list[dict[str, Any]], *, sft: bool) -> pd.DataFrame:
+    """Rows: the teacher and each (experiment, recipe, arm, tokens), seeds averaged."""
+    chosen = [r for r in records if r["arm"] == "teacher" or r["sft"] == sft]
+    if not any(r["arm"] != "teacher" for r in chosen):
+        raise LRCError(f"no {'SFT' if sft else 'distilled'} student among the {len(records)} evaluation files")
+    tasks = _task_columns(chosen)
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for rec in chosen:
+        key = (rec["experiment"], rec["recipe"], rec["arm"], rec["tokens"])
+        groups.setdefault(key, []).append(rec)
+
+    rows = []
+    for (exp, recipe, arm, tokens), group in groups.items():
+        seeds = sorted(r["seed"] for r in group if r["seed"] is not None)
+        if len(set(seeds)) != len(seeds):
+            raise LRCError(f"{exp} {recipe}-{arm} t{tokens}: seed listed twice among {[r['file'] for r in group]}")
+        aggs = [_percent(r["data"]["aggregate"].get("value")) for r in group]
+        row: dict[str, Any] = {
+            "experiment": exp,
+            "model": "teacher" if arm == "teacher" else f"{recipe}-{arm}-t{tokens}" + (".sft" if sft else ""),
+            "recipe": recipe,
+            "arm": arm,
+            "tokens": tokens,
+            "seeds": " ".join(map(str, seeds)),
+            "n_seeds": len(group),
+        }
+        for task, column in tasks.items():
+            values = [_percent(r["data"]["tasks"].get(task, {}).get("value")) for r in group]
+            row[column] = _mean(values)
+        row["aggregate"] = _mean(aggs)
+        row["aggregate_sd"] = _sd(aggs)
+        for extra in EXTRAS:
+            row[extra] = _mean([_float(r["data"].get("extra", {}).get(extra)) for r in group])
+        row["aggregate_name"] = _one_or_all([r["data"]["aggregate"].get("name") for r in group])
+        lm = [r["data"]["lm_eval"] for r in group]
+        row["lm_eval_version"] = _one_or_all([e.get("version") for e in lm])
+        for key in SETTINGS[1:]:
+            row[key] = _one_or_all([e.get(key) for e in lm])
+        rows.append(row)
+
+    frame = pd.DataFrame(rows)
+    frame.insert(frame.columns.get_loc("aggregate_sd") + 1, "gain_over_slice", [_gain(frame, i) for i in frame.index])
+    frame.insert(frame.columns.get_loc("gain_over_slice") + 1, "vs_teacher", [_vs_teacher(frame, i) for i in frame.index])
+    frame["_arm"] = frame["arm"].map(lambda a: ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER))
+    frame["_tokens"] = frame["tokens"].fillna(-1)
+    frame = frame.sort_values(["experiment", "_arm", "recipe", "_tokens"], kind="stable").drop(columns=["_arm", "_tokens"])
+    frame["tokens"] = frame["tokens"].astype("Int64")
+    return frame.reset_index(drop=True)
+
+
+def _gain(frame: pd.DataFrame, i: int) -> float:
+    row = frame.loc[i]
+    if row["arm"] == "teacher":
+        return float("nan")
+    base = frame[(frame["experiment"] == row["experiment"]) & (frame["recipe"] == row["recipe"]) & (frame["tokens"] == row["tokens"]) & (frame["arm"] == "slice")]
+    return float(row["aggregate"] - base["aggregate"].iloc[0]) if len(base) else float("nan")
+
+
+def _vs_teacher(frame: pd.DataFrame, i: int) -> float:
+    row = frame.loc[i]
+    teacher = frame[(frame["experiment"] == row["experiment"]) & (frame["arm"] == "teacher")]
+    if row["arm"] == "teacher" or not len(teacher):
+        return float("nan")
+    return float(row["aggregate"] - teacher["aggregate"].iloc[0])
+
+
+def _float(value: Any) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+def _sd(values: list[float]) -> float:
+    """Sample standard deviation over seeds (blank for one seed)."""
+    finite = [v for v in values if not math.isnan(v)]
+    if len(finite) < 2:
+        return float("nan")
+    mean = sum(finite) / len(finite)
+    return math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+
+
+def audit_table(paths: Sequence[Path]) -> pd.DataFrame:
+    frames = []
+    for path in paths:
+        path = Path(path)
+        try:
+            frame = pd.read_csv(path)
+        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+            raise LRCError(f"cannot read audit CSV {path}: {err}") from err
+        if "experiment" not in frame.columns:
+            frame.insert(0, "experiment", experiment_of(path))
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def write_csv(frame: pd.DataFrame, out: Path) -> Path:
+    """Write atomically (temporary name, then rename), numbers rounded to 4 decimals."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    frame.round(4).to_csv(tmp, index=False)
+    tmp.replace(out)
+    return out

@@ -1,0 +1,132 @@
+"""Results tables and the token-efficiency figure from small hand-made evaluation JSONs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from lrc import figures, tables
+from lrc.errors import LRCError
+
+LM_EVAL = {"version": "0.4.13", "num_fewshot": 0, "batch_size": 16, "limit": None}
+
+
+def write_eval(root, exp, name, scores, aggregate, metric="acc", extra=None):
+    path = root / exp / "eval" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "model": name,
+        "suite": "tiny",
+        "tasks": {t: {"metric": metric, "value": v, "stderr": 0.01, "chance": 0.25} for t, v in scores.items()},
+        "aggregate": {"name": "Avg", "value": aggregate},
+        "extra": extra or {"perplexity": 10.0, "kl_to_teacher": 0.5, "answer_logprob": -1.0},
+        "lm_eval": LM_EVAL,
+        "settings": {},
+    }
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def evals(tmp_path):
+    """Teacher; slice (2 seeds), dense (2 seeds), core (1 seed) at 1000 tokens; SFT of slice."""
+    w = lambda *a, **k: write_eval(tmp_path / "results", *a, **k)  # noqa: E731
+    return [
+        w("tiny", "teacher", {"a": 0.9, "b": 0.7}, 0.8),
+        w("tiny", "lrc-slice-s0-t1000", {"a": 0.5, "b": 0.3}, 0.4),
+        w("tiny", "lrc-slice-s1-t1000", {"a": 0.7, "b": 0.3}, 0.5),
+        w("tiny", "lrc-dense-s0-t1000", {"a": 0.6, "b": 0.4}, 0.5),
+        w("tiny", "lrc-dense-s1-t1000", {"a": 0.8, "b": 0.4}, 0.6),
+        w("tiny", "lrc-core-s0-t1000", {"a": 0.9, "b": 0.5}, 0.7),
+        w("tiny", "lrc-slice-s0-t1000.sft", {"a": 0.95, "b": 0.35}, 0.65),
+    ]
+
+
+def test_table1_means_seeds_and_gains_over_slice(evals, tmp_path):
+    out = tmp_path / "table1.csv"
+    assert tables.main(["--table", "table1", "--inputs", *map(str, evals), "--out", str(out)]) == 0
+    t = pd.read_csv(out).set_index("arm")
+    assert list(t.index) == ["teacher", "slice", "dense", "core"]  # SFT rows are not in table 1
+    assert t.loc["slice", "aggregate"] == pytest.approx(45.0)
+    assert t.loc["slice", "a (acc)"] == pytest.approx(60.0)
+    assert t.loc["slice", "aggregate_sd"] == pytest.approx(math.sqrt(50.0), abs=1e-3)  # 40, 50
+    assert t.loc["dense", "gain_over_slice"] == pytest.approx(10.0)
+    assert t.loc["core", "gain_over_slice"] == pytest.approx(25.0)
+    assert t.loc["core", "vs_teacher"] == pytest.approx(-10.0)
+    assert math.isnan(t.loc["teacher", "gain_over_slice"])
+    assert t.loc["slice", "seeds"] == "0 1" and t.loc["core", "n_seeds"] == 1
+    assert t.loc["dense", "tokens"] == 1000
+    # The evaluation settings travel with every row.
+    assert (t["lm_eval_version"] == "0.4.13").all() and (t["num_fewshot"] == 0).all()
+    assert (t["batch_size"] == 16).all() and t["limit"].isna().all()
+    assert t.loc["dense", "kl_to_teacher"] == pytest.approx(0.5)
+
+
+def test_sft_table_holds_the_fine_tuned_students_and_the_teacher(evals, tmp_path):
+    frame = tables.results_table(tables.load_evaluations(evals), sft=True)
+    assert list(frame["arm"]) == ["teacher", "slice"]
+    assert frame.loc[1, "model"] == "lrc-slice-t1000.sft"
+    assert frame.loc[1, "aggregate"] == pytest.approx(65.0)
+    assert frame.loc[1, "gain_over_slice"] == pytest.approx(0.0)
+
+
+def test_experiments_and_recipes_get_their_own_baseline(tmp_path):
+    root = tmp_path / "results"
+    files = [
+        write_eval(root, "a", "lrc-slice-s0-t10", {"x": 0.5}, 0.5),
+        write_eval(root, "a", "lrc-core-s0-t10", {"x": 0.6}, 0.6),
+        write_eval(root, "a", "kl-slice-s0-t10", {"x": 0.2}, 0.2),
+        write_eval(root, "a", "kl-core-s0-t10", {"x": 0.5}, 0.5),
+        write_eval(root, "b", "lrc-slice-s0-t10", {"x": 0.1}, 0.1),
+        write_eval(root, "b", "lrc-core-s0-t10", {"x": 0.3}, 0.3),
+    ]
+    t = tables.results_table(tables.load_evaluations(files), sft=False)
+    gain = {(r.experiment, r.recipe, r.arm): r.gain_over_slice for r in t.itertuples()}
+    assert gain[("a", "lrc", "core")] == pytest.approx(10.0)
+    assert gain[("a", "kl", "core")] == pytest.approx(30.0)
+    assert gain[("b", "lrc", "core")] == pytest.approx(20.0)
+
+
+def test_bad_inputs_are_refused_with_the_culprit(tmp_path):
+    root = tmp_path / "results"
+    bad_name = write_eval(root, "a", "lrc-slice-0", {"x": 0.5}, 0.5)
+    with pytest.raises(LRCError, match="lrc-slice-0"):
+        tables.load_evaluations([bad_name])
+    broken = root / "a" / "eval" / "teacher.json"
+    broken.write_text("{not json")
+    with pytest.raises(LRCError, match="teacher.json"):
+        tables.load_evaluations([broken])
+    one = write_eval(root, "a", "lrc-slice-s0-t10", {"x": 0.5}, 0.5, metric="acc")
+    other = write_eval(root, "a", "lrc-core-s0-t10", {"x": 0.5}, 0.5, metric="acc_norm")
+    with pytest.raises(LRCError, match="'x'.*acc_norm"):
+        tables.results_table(tables.load_evaluations([one, other]), sft=False)
+
+
+def test_audit_table_concatenates_with_the_experiment(tmp_path):
+    for exp in ("a", "b"):
+        (tmp_path / exp).mkdir()
+        (tmp_path / exp / "audit.csv").write_text("weight,reachable\nmlp.gate,8\n")
+    out = tmp_path / "audit.csv"
+    tables.main(["--table", "audit", "--inputs", str(tmp_path / "a/audit.csv"), str(tmp_path / "b/audit.csv"), "--out", str(out)])
+    t = pd.read_csv(out)
+    assert list(t["experiment"]) == ["a", "b"] and list(t.columns) == ["experiment", "weight", "reachable"]
+
+
+def test_token_efficiency_figure_writes_png_and_pdf(tmp_path):
+    root = tmp_path / "results"
+    files = [write_eval(root, "tiny", "teacher", {"x": 0.9}, 0.9)]
+    for tokens, (s, d) in {100: (0.3, 0.35), 1000: (0.4, 0.5), 10000: (0.45, 0.6)}.items():
+        files.append(write_eval(root, "tiny", f"lrc-slice-s0-t{tokens}", {"x": s}, s))
+        files.append(write_eval(root, "tiny", f"lrc-dense-s0-t{tokens}", {"x": d}, d))
+    table = tmp_path / "table1.csv"
+    tables.main(["--table", "table1", "--inputs", *map(str, files), "--out", str(table)])
+    png, pdf = tmp_path / "fig.png", tmp_path / "fig.pdf"
+    assert figures.main(["--table", str(table), "--out", str(png), str(pdf)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert pdf.read_bytes()[:5] == b"%PDF-"
+    with pytest.raises(LRCError, match="missing column"):
+        (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+        figures.main(["--table", str(tmp_path / "bad.csv"), "--out", str(png)])
