@@ -207,6 +207,12 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
         mixed = "bf16"
     accelerator = Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False)
     P = accelerator.num_processes
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched != P:
+        raise LRCError(
+            f"launched with WORLD_SIZE={launched} but accelerate sees {P} process(es); "
+            "on a machine without GPUs set ACCELERATE_USE_CPU=1 (see config/accelerate/cpu2.yaml)"
+        )
     if args.batch_size % (args.micro_batch_size * P):
         raise LRCError(
             f"--batch-size {args.batch_size} must be a multiple of --micro-batch-size {args.micro_batch_size} "
