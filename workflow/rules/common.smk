@@ -96,7 +96,7 @@ def distill_flags(wildcards):
 
 
 # Resources come from experiments/{exp}/resources/{stage}, with the schema's defaults.
-RESOURCE_DEFAULTS = {"threads": 1, "gpu": 0, "mem_mb": 4000, "runtime": 60}
+RESOURCE_DEFAULTS = {"threads": 1, "gpu": 0, "mem_mb": 4000, "runtime": 60, "accelerate": "config/accelerate/ddp.yaml"}
 
 
 def res(stage, key):

@@ -22,8 +22,9 @@ rule distill:
         gpu=res("distill", "gpu"),
         mem_mb=res("distill", "mem_mb"),
         runtime=res("distill", "runtime"),
+        accelerate=res("distill", "accelerate"),
     shell:
-        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} distill --teacher {input.teacher} --bases {input.bases}"
+        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate} distill --teacher {input.teacher} --bases {input.bases}"
         " --warmstart {input.warmstart} --data {input.data} --arm {wildcards.arm}"
         " --recipe {wildcards.recipe} --seed {wildcards.seed} --tokens {wildcards.tokens}"
         " --out {output} --ckpt-dir $(ckpt_dir {output} {params.flags:q} {input}) {params.flags} > {log} 2>&1"

@@ -24,4 +24,4 @@ rule evaluate:
         runtime=res("evaluate", "runtime"),
     shell:
         "OMP_NUM_THREADS={threads} lrc evaluate --model {input.model} --teacher {input.teacher}"
-        " --data {input.data} {params.tasks} --out {output} {params.flags} > {log} 2>&1"
+        " --heldout {input.data}/valid {params.tasks} --out {output} {params.flags} > {log} 2>&1"

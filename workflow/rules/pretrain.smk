@@ -22,7 +22,8 @@ rule pretrain:
         gpu=res("pretrain", "gpu"),
         mem_mb=res("pretrain", "mem_mb"),
         runtime=res("pretrain", "runtime"),
+        accelerate=res("pretrain", "accelerate"),
     shell:
-        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} pretrain --model-config {input.world}/teacher_config.json"
+        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate} pretrain --model-config {input.world}/teacher_config.json"
         " --tokenizer {input.world}/tokenizer --data {input.corpus} --out {output}"
         " --ckpt-dir $(ckpt_dir {output} {params.flags:q} {input}) {params.flags} > {log} 2>&1"

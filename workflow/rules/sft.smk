@@ -20,6 +20,7 @@ rule sft:
         gpu=res("sft", "gpu"),
         mem_mb=res("sft", "mem_mb"),
         runtime=res("sft", "runtime"),
+        accelerate=res("sft", "accelerate"),
     shell:
-        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} sft --model {input.model} --data {input.data}"
+        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate} sft --model {input.model} --data {input.data}"
         " --out {output} --ckpt-dir $(ckpt_dir {output} {params.flags:q} {input}) {params.flags} > {log} 2>&1"

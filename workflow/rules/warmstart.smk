@@ -22,7 +22,8 @@ rule warmstart:
         gpu=res("warmstart", "gpu"),
         mem_mb=res("warmstart", "mem_mb"),
         runtime=res("warmstart", "runtime"),
+        accelerate=res("warmstart", "accelerate"),
     shell:
-        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} warmstart --teacher {input.teacher} --bases {input.bases}"
+        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate} warmstart --teacher {input.teacher} --bases {input.bases}"
         " --data {input.data} --student-hidden {params.hidden} --out {output}"
         " --ckpt-dir $(ckpt_dir {output} {params.flags:q} {input}) {params.flags} > {log} 2>&1"

@@ -5,12 +5,13 @@
 export PYTHONPATH="$LRC_REPO${PYTHONPATH:+:$PYTHONPATH}"
 lrc() { python -m lrc.cli "$@"; }
 
-# lrc_launch N COMMAND ARGS...: one process, or `accelerate launch` across the job's N GPUs.
+# lrc_launch N ACCELERATE_CONFIG COMMAND ARGS...: one process, or `accelerate launch` with that
+# config (config/accelerate/: ddp.yaml, fsdp.yaml) across the job's N GPUs.
 lrc_launch() {
-    local n=$1
-    shift
+    local n=$1 accelerate_config=$2
+    shift 2
     if [ "$n" -gt 0 ]; then
-        accelerate launch --num_processes "$n" -m lrc.cli "$@"
+        accelerate launch --config_file "$accelerate_config" --num_processes "$n" -m lrc.cli "$@"
     else
         lrc "$@"
     fi
