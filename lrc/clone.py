@@ -1,0 +1,227 @@
+"""The distillation objective: the `lrc` recipe (CE + KL + α·clone MSE) and the `kl` recipe.
+
+METHOD.md §1 "Loss". Activations are captured by forward hooks on the real modules of
+teacher and student (no copy of modeling code); teacher and student run on their own
+residual streams, in lockstep. Per layer l (summed over layers, each an element mean):
+
+* ``q``, ``k``, ``v``: q/k/v_proj outputs (with Qwen2's bias, before RoPE), teacher width.
+* ``attn_out``: the teacher's o_proj weight applied to the student's o_proj *input* (its
+  attention heads output) vs the teacher's o_proj output, width H.
+* ``gate``, ``up``: pre-activation outputs, width d_ff.
+* ``mlp_out``: the student's MLP output vs ``P_down · (teacher MLP output)``, width r. The
+  target is not detached through P_down (the live factor in `slice`; a frozen warm-start
+  copy in the other arms, :func:`lrc.reach.down_clone_map`).
+
+KL: forward KL(p_T ‖ p_S) of the temperature-T softened distributions, no T² factor.
+``kl_reduction="batchmean"`` (default, the reference's) = sum over counted positions and
+vocabulary / number of sequences; ``"token"`` = / number of counted positions.
+CE: next-token cross-entropy in fp32, mean over counted targets. Position t predicts
+token t+1 and counts where ``loss_mask[t+1]``; for KL the last position (which has no
+target) counts where ``loss_mask[L-1]``, so an all-true mask gives all L positions as in
+the reference.
+
+The teacher runs under ``torch.inference_mode``; its captured tensors are cloned out of
+inference mode before they meet autograd.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from lrc.errors import LRCError
+from lrc.reach import down_clone_map
+
+RECIPES = ("lrc", "kl")
+KL_REDUCTIONS = ("batchmean", "token")
+CLONE_TERMS = ("q", "k", "v", "attn_out", "gate", "up", "mlp_out")
+
+
+@dataclass(kw_only=True)
+class RecipeArgs:
+    """Loss recipe. ``kl``: logit KL only (ce_weight 0, no clone terms) unless overridden."""
+
+    recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "lrc = CE + KL + alpha * clone MSE; kl = logit KL only"})
+    alpha: float = field(default=0.2, metadata={"help": "weight of the summed clone MSE terms"})
+    temperature: float = field(default=40.0, metadata={"help": "KL temperature (no T^2 factor)"})
+    kl_reduction: Literal["batchmean", "token"] = field(default="batchmean", metadata={"help": "batchmean: sum / sequences (reference); token: per-token mean"})
+    ce_weight: float | None = field(default=None, metadata={"help": "weight of CE (default: 1 for lrc, 0 for kl)"})
+    kl_weight: float = field(default=1.0, metadata={"help": "weight of the KL term"})
+    clone_terms: list[str] | None = field(default=None, metadata={"help": f"clone terms to use (default: all for lrc, none for kl); any of {', '.join(CLONE_TERMS)}"})
+    clone_layers: list[int] | None = field(default=None, metadata={"help": "layers whose clone terms count (default: all)"})
+
+    def __post_init__(self):
+        if self.recipe not in RECIPES:
+            raise LRCError(f"unknown recipe {self.recipe!r}; choose one of: {', '.join(RECIPES)}")
+        if self.kl_reduction not in KL_REDUCTIONS:
+            raise LRCError(f"unknown kl_reduction {self.kl_reduction!r}; choose one of: {', '.join(KL_REDUCTIONS)}")
+        if not self.temperature > 0:
+            raise LRCError(f"temperature must be positive, got {self.temperature!r}")
+        if self.ce_weight is None:
+            self.ce_weight = 1.0 if self.recipe == "lrc" else 0.0
+        if self.clone_terms is None:
+            self.clone_terms = list(CLONE_TERMS) if self.recipe == "lrc" else []
+        bad = [t for t in self.clone_terms if t not in CLONE_TERMS]
+        if bad:
+            raise LRCError(f"unknown clone term(s) {bad}; choose from: {', '.join(CLONE_TERMS)}")
+
+
+def kl_divergence(teacher_logits, student_logits, temperature: float, mask=None, reduction: str = "batchmean"):
+    """Forward KL(p_T ‖ p_S) at ``temperature`` over [B, L, V] logits (see module doc)."""
+    log_t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    log_s = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    per_pos = (log_t.exp() * (log_t - log_s)).sum(-1)  # [B, L]
+    if mask is None:
+        mask = torch.ones_like(per_pos, dtype=torch.bool)
+    total = (per_pos * mask).sum()
+    if reduction == "batchmean":
+        return total / per_pos.shape[0]
+    if reduction == "token":
+        return total / mask.sum().clamp_min(1)
+    raise LRCError(f"unknown kl_reduction {reduction!r}; choose one of: {', '.join(KL_REDUCTIONS)}")
+
+
+def next_token_ce(logits, input_ids, loss_mask=None):
+    """Mean fp32 cross-entropy of position t predicting t+1, counted where loss_mask[t+1]."""
+    pred = logits[:, :-1].float()
+    target = input_ids[:, 1:]
+    per_tok = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="none").view_as(target)
+    if loss_mask is None:
+        return per_tok.mean()
+    m = loss_mask[:, 1:].to(per_tok.dtype)
+    return (per_tok * m).sum() / m.sum().clamp_min(1)
+
+
+def kl_position_mask(loss_mask):
+    """Position t counts where loss_mask[t+1]; the last position where loss_mask[L-1]."""
+    return torch.cat([loss_mask[:, 1:], loss_mask[:, -1:]], dim=1)
+
+
+class _Capture:
+    """Forward hooks that record module inputs/outputs into a dict while active."""
+
+    def __init__(self):
+        self.store: dict[tuple[int, str], torch.Tensor] = {}
+        self.active = False
+        self.handles = []
+
+    def output(self, module, key):
+        def hook(_mod, _args, out):
+            if self.active:
+                self.store[key] = out[0] if isinstance(out, tuple) else out
+
+        self.handles.append(module.register_forward_hook(hook))
+
+    def input(self, module, key):
+        def hook(_mod, args):
+            if self.active:
+                self.store[key] = args[0]
+
+        self.handles.append(module.register_forward_pre_hook(hook))
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+def _hook_model(cap: _Capture, model, layers, terms, student: bool) -> None:
+    for i in layers:
+        layer = model.model.layers[i]
+        attn, mlp = layer.self_attn, layer.mlp
+        for t in ("q", "k", "v"):
+            if t in terms:
+                cap.output(getattr(attn, f"{t}_proj"), (i, t))
+        if "attn_out" in terms:
+            (cap.input if student else cap.output)(attn.o_proj, (i, "attn_out"))
+        for t in ("gate", "up"):
+            if t in terms:
+                cap.output(getattr(mlp, f"{t}_proj"), (i, t))
+        if "mlp_out" in terms:
+            cap.output(mlp, (i, "mlp_out"))
+
+
+class CloneObjective:
+    """``loss(batch, model=None) -> (total, terms)`` for a teacher/student pair and a recipe."""
+
+    def __init__(self, teacher, student, recipe: RecipeArgs):
+        if not isinstance(recipe, RecipeArgs):
+            raise LRCError("CloneObjective needs a lrc.clone.RecipeArgs")
+        self.teacher, self.student, self.recipe = teacher, student, recipe
+        teacher.eval()
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        n_layers = teacher.config.num_hidden_layers
+        layers = list(range(n_layers)) if recipe.clone_layers is None else list(recipe.clone_layers)
+        bad = [i for i in layers if not 0 <= i < n_layers]
+        if bad:
+            raise LRCError(f"clone_layers {bad} out of range for a {n_layers}-layer teacher")
+        self.layers = layers
+        self.terms = list(recipe.clone_terms)
+        self._t, self._s = _Capture(), _Capture()
+        if self.terms:
+            _hook_model(self._t, teacher, layers, self.terms, student=False)
+            _hook_model(self._s, student, layers, self.terms, student=True)
+
+    def close(self) -> None:
+        """Remove the hooks (the objective is unusable afterwards)."""
+        self._t.remove()
+        self._s.remove()
+
+    def _teacher_forward(self, input_ids):
+        self._t.store.clear()
+        self._t.active = True
+        try:
+            with torch.inference_mode():
+                logits = self.teacher(input_ids=input_ids, use_cache=False).logits
+        finally:
+            self._t.active = False
+        # Out of inference mode, so these may be used by autograd (saved for backward).
+        acts = {k: v.clone() for k, v in self._t.store.items()}
+        self._t.store.clear()
+        return logits.clone(), acts
+
+    def _student_forward(self, model, input_ids):
+        self._s.store.clear()
+        self._s.active = True
+        try:
+            logits = model(input_ids=input_ids, use_cache=False).logits
+        finally:
+            self._s.active = False
+        acts = dict(self._s.store)
+        self._s.store.clear()
+        return logits, acts
+
+    def _clone_term(self, name, layer, s_act, t_act):
+        if name == "attn_out":
+            w_o = self.teacher.model.layers[layer].self_attn.o_proj.weight
+            s_act = F.linear(s_act, w_o.to(s_act.dtype))
+        elif name == "mlp_out":
+            p_down = down_clone_map(self.student.model.layers[layer].mlp)
+            t_act = F.linear(t_act.to(p_down.dtype), p_down)
+        return F.mse_loss(s_act.float(), t_act.float())
+
+    def loss(self, batch, model=None):
+        model = self.student if model is None else model
+        input_ids = batch["input_ids"]
+        loss_mask = batch.get("loss_mask")
+        if loss_mask is not None:
+            loss_mask = loss_mask.to(device=input_ids.device, dtype=torch.bool)
+        r = self.recipe
+        t_logits, t_acts = self._teacher_forward(input_ids)
+        s_logits, s_acts = self._student_forward(model, input_ids)
+        ce = next_token_ce(s_logits, input_ids, loss_mask)
+        kl = kl_divergence(t_logits, s_logits, r.temperature, None if loss_mask is None else kl_position_mask(loss_mask), r.kl_reduction)
+        total = r.ce_weight * ce + r.kl_weight * kl
+        terms = {"ce": ce.detach(), "kl": kl.detach()}
+        clone_sum = None
+        for name in self.terms:
+            per_term = sum(self._clone_term(name, i, s_acts[(i, name)], t_acts[(i, name)]) for i in self.layers)
+            terms[name] = per_term.detach()
+            clone_sum = per_term if clone_sum is None else clone_sum + per_term
+        if clone_sum is not None:
+            total = total + r.alpha * clone_sum
+        return total, terms

@@ -1,0 +1,158 @@
+"""Merge a trained LRC student into a plain Hugging Face checkpoint, verified (`lrc merge`).
+
+:func:`merge_student` materialises every parametrised weight first (reading each one
+through the student's own modules), and only then builds a fresh model of the student's
+config and loads them; the training student is never modified (DESIGN.md "Known traps":
+removing parametrisations one by one rewrites a shared tied factor). Tied stays tied
+(one tensor, re-tied after loading), untied stays untied, and the trained RMSNorm eps is
+the one in the saved config.
+
+:func:`save_merged` writes the checkpoint (safetensors) to a temporary directory, reloads
+it with plain ``AutoModelForCausalLM.from_pretrained`` (no custom code), compares its
+logits with the training student's on a check batch, and only renames it into place
+when the max abs difference is within ``atol``; ``merge_check.json`` records the result.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lrc.errors import LRCError
+
+MERGE_CHECK = "merge_check.json"
+
+
+def _resolve(model, dotted: str) -> torch.Tensor:
+    obj = model
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def plain_config(student):
+    cfg = copy.deepcopy(student.config)
+    cfg.tie_word_embeddings = bool(student.lrc_info["tie_word_embeddings"]) if hasattr(student, "lrc_info") else cfg.tie_word_embeddings
+    return cfg
+
+
+@torch.no_grad()
+def merge_student(student):
+    """A new plain model (same class, student config) with the materialised weights."""
+    cfg = plain_config(student)
+    merged = type(student)(cfg)
+    names = list(merged.state_dict().keys())
+    # Materialise everything before touching anything (parametrised attributes compute W).
+    values = {k: _resolve(student, k).detach().clone() for k in names}
+    dtype = next(iter(values.values())).dtype
+    merged = merged.to(dtype)
+    missing, unexpected = merged.load_state_dict(values, strict=False)
+    if unexpected or [k for k in missing if k not in values]:
+        raise LRCError(f"merge: state mismatch (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    if cfg.tie_word_embeddings:
+        merged.lm_head.weight = merged.model.embed_tokens.weight
+    return merged.to(_resolve(student, "model.embed_tokens.weight").device).eval()
+
+
+def default_check_ids(vocab_size: int, rows: int = 2, length: int = 16, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (rows, length), generator=g)
+
+
+@torch.no_grad()
+def _logits(model, ids):
+    return model(input_ids=ids.to(next(model.parameters()).device), use_cache=False).logits.float().cpu()
+
+
+def save_merged(student, out_dir, *, tokenizer=None, check_ids=None, atol: float = 1e-5) -> dict:
+    """Save the merged student to ``out_dir`` and verify it by reloading; returns the check."""
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    merged = merge_student(student)
+    if check_ids is None:
+        check_ids = default_check_ids(student.config.vocab_size)
+    merged.save_pretrained(tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    was_training = student.training
+    student.eval()
+    try:
+        reference = _logits(student, check_ids)
+    finally:
+        student.train(was_training)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=merged.dtype, trust_remote_code=False)
+    diff = (_logits(reloaded, check_ids) - reference).abs().max().item()
+    check = {
+        "max_abs_diff": diff,
+        "atol": atol,
+        "passed": diff <= atol,
+        "check_batch_shape": list(check_ids.shape),
+        "tie_word_embeddings": bool(reloaded.config.tie_word_embeddings),
+        "rms_norm_eps": reloaded.config.rms_norm_eps,
+        "hidden_size": reloaded.config.hidden_size,
+        "arm": getattr(student, "lrc_info", {}).get("arm"),
+    }
+    (tmp / MERGE_CHECK).write_text(json.dumps(check, indent=2) + "\n")
+    if not check["passed"]:
+        shutil.rmtree(tmp)
+        raise LRCError(f"merge check failed: reloaded logits differ from the training student's by {diff:.3g} > atol {atol:g}")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return check
+
+
+# ---------------------------------------------------------------- command line
+
+
+@dataclass(kw_only=True)
+class MergeArgs:
+    """Materialise a trained LRC student into a plain HF checkpoint and verify its logits."""
+
+    state: Path = field(metadata={"help": "LRC state directory (student.safetensors + lrc.json)"})
+    teacher: Path = field(metadata={"help": "teacher checkpoint directory"})
+    out: Path = field(metadata={"help": "output directory for the merged checkpoint"})
+    bases: Path | None = field(default=None, metadata={"help": "teacher bases directory (core/confined/randcomp; computed if omitted)"})
+    data: Path | None = field(default=None, metadata={"help": "token directory whose first rows form the check batch (default: seeded random ids)"})
+    check_rows: int = field(default=4, metadata={"help": "rows of --data in the check batch"})
+    atol: float = field(default=1e-5, metadata={"help": "max abs logit difference allowed"})
+
+
+def check_batch_from_tokens(directory: Path, rows: int) -> torch.Tensor:
+    from lrc.data import TokenDataset
+
+    ds = TokenDataset(directory)
+    if len(ds) == 0:
+        raise LRCError(f"token directory {directory} has no rows")
+    return torch.stack([ds[i]["input_ids"] for i in range(min(rows, len(ds)))])
+
+
+def main(argv=None) -> int:
+    from lrc.cli import parse_args
+    from lrc.provenance import write_settings
+    from lrc.spectral import load_bases
+    from lrc.student import load_lrc_state, load_teacher
+
+    args = parse_args(MergeArgs, argv, prog="lrc merge")
+    teacher = load_teacher(args.teacher)
+    bases = load_bases(args.bases) if args.bases is not None else None
+    student = load_lrc_state(args.state, teacher, bases)
+    check_ids = check_batch_from_tokens(args.data, args.check_rows) if args.data is not None else None
+    tokenizer = None
+    if (args.teacher / "tokenizer_config.json").is_file() or (args.teacher / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.teacher)
+    check = save_merged(student, args.out, tokenizer=tokenizer, check_ids=check_ids, atol=args.atol)
+    write_settings(args.out, "merge", args, merge_check=check)
+    print(f"merged {check['arm']} student to {args.out}: max |logit diff| = {check['max_abs_diff']:.3g}")
+    return 0

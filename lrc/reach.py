@@ -1,0 +1,201 @@
+"""The parameterisations of METHOD.md §1 and §3, as ``torch.nn.utils.parametrize`` modules.
+
+Each module maps the trainable tensor stored in ``parametrizations.weight.original`` to
+the deployed weight of a real transformers ``nn.Linear`` / ``nn.Embedding``. Frozen
+tensors (teacher weights, bases) are *non-persistent* buffers: they are never trained
+and never written into an LRC state (they are rebuilt from the teacher and its bases).
+
+Plain LRC factors (every weight of the `slice` student):
+
+* :class:`TeacherTimesFactor`  ``W = T · A``   (q/k/v, ``A [H, r]``)
+* :class:`FactorTimesTeacher`  ``W = B · T``   (o, down, ``B [r, H]``)
+* :class:`TeacherTimesFactorT` ``W = T · Pᵀ``  (gate/up, embedding, head, ``P [r, H]``)
+
+The arms change only gate/up/down. Their trainable tensors are stored column-oriented,
+``[d_ff, r]``; for down_proj (deployed ``[r, d_ff]``) the module returns the transpose,
+so the bases used are the teacher's right singular vectors (row space):
+
+* `dense`: no parametrisation, a plain trainable ``nn.Parameter`` = merged warm start.
+* `core` (:class:`SpectralCoordinates`): ``W = U_r·A + U_perp·C``, U_r the teacher SVD
+  basis, U_perp its Householder completion (see :mod:`lrc.spectral`); ``A = U_rᵀ W0``,
+  ``C = 0``; the trainable tensor is ``[A; C]``.
+* `randcomp`: as `core` with ``U_perp · O``, O a seeded Haar-random orthogonal
+  ``(d_ff-H)²`` matrix (materialised: 105 MB fp32 per matrix at Llama-3.2-3B scale).
+* `confined` (:class:`ConfinedToTeacherSpace`): ``W = U_r U_rᵀ C``, ``C = W0``.
+
+In the full-reach arms (dense/core/randcomp, and confined, whose C is no longer a factor
+P_down either) the warm start's P_down is kept, frozen, as the persistent buffer
+``mlp.lrc_down_factor`` [r, H]: the map that builds the mlp-out clone target
+(METHOD.md §3). Trainable numbers per MLP matrix: H·r (slice), d_ff·r (all others).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from lrc.cli import check_choice
+from lrc.errors import LRCError
+
+ARMS = ("slice", "dense", "core", "confined", "randcomp")
+MLP_KINDS = ("gate", "up", "down")
+DOWN_FACTOR_BUFFER = "lrc_down_factor"
+
+
+class TeacherTimesFactor(nn.Module):
+    """``W = T · A`` with T frozen (q/k/v projections)."""
+
+    def __init__(self, teacher_weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("frozen", teacher_weight, persistent=False)
+
+    def forward(self, factor: torch.Tensor) -> torch.Tensor:
+        return self.frozen @ factor
+
+
+class FactorTimesTeacher(nn.Module):
+    """``W = B · T`` with T frozen (o and down projections)."""
+
+    def __init__(self, teacher_weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("frozen", teacher_weight, persistent=False)
+
+    def forward(self, factor: torch.Tensor) -> torch.Tensor:
+        return factor @ self.frozen
+
+
+class TeacherTimesFactorT(nn.Module):
+    """``W = T · Pᵀ`` with T frozen (gate/up projections, embedding, head)."""
+
+    def __init__(self, teacher_weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("frozen", teacher_weight, persistent=False)
+
+    def forward(self, factor: torch.Tensor) -> torch.Tensor:
+        return self.frozen @ factor.T
+
+
+class SpectralCoordinates(nn.Module):
+    """``W = U_r·A + U_perp·(O·C)`` on the stored ``[A; C]`` ([d_ff, r]); `core`/`randcomp`.
+
+    ``U_perp`` is ``Q[:, H:]`` of the Householder reflectors ``(reflectors, tau)`` of U_r,
+    applied with ``torch.ormqr`` (never materialised). ``rotation`` (O) is None for `core`.
+    """
+
+    def __init__(self, basis, reflectors, tau, rotation=None, transpose=False):
+        super().__init__()
+        self.register_buffer("basis", basis, persistent=False)
+        self.register_buffer("reflectors", reflectors, persistent=False)
+        self.register_buffer("tau", tau, persistent=False)
+        self.register_buffer("rotation", rotation, persistent=False)
+        self.transpose = transpose
+
+    def forward(self, coords: torch.Tensor) -> torch.Tensor:
+        h = self.basis.shape[1]
+        a, c = coords[:h], coords[h:]
+        if self.rotation is not None:
+            c = self.rotation @ c
+        # Q · [0; C] = U_perp · C: the complement's coordinates through the reflectors.
+        padded = torch.cat([torch.zeros_like(a), c], dim=0)
+        w = self.basis @ a + torch.ormqr(self.reflectors, self.tau, padded)
+        return w.T if self.transpose else w
+
+    @torch.no_grad()
+    def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
+        w = weight.T if self.transpose else weight
+        a = self.basis.T @ w
+        c = torch.zeros(w.shape[0] - a.shape[0], w.shape[1], dtype=w.dtype, device=w.device)
+        return torch.cat([a, c], dim=0)
+
+
+class ConfinedToTeacherSpace(nn.Module):
+    """``W = U_r U_rᵀ C`` on the stored C [d_ff, r] (`confined`)."""
+
+    def __init__(self, basis, transpose=False):
+        super().__init__()
+        self.register_buffer("basis", basis, persistent=False)
+        self.transpose = transpose
+
+    def forward(self, c: torch.Tensor) -> torch.Tensor:
+        w = self.basis @ (self.basis.T @ c)
+        return w.T if self.transpose else w
+
+    @torch.no_grad()
+    def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
+        return (weight.T if self.transpose else weight).clone()
+
+
+def random_rotation(size: int, seed: int, dtype=torch.float32) -> torch.Tensor:
+    """A Haar-random orthogonal ``[size, size]`` matrix from a seeded generator (float64 QR)."""
+    g = torch.Generator().manual_seed(seed)
+    q, r = torch.linalg.qr(torch.randn(size, size, generator=g, dtype=torch.float64))
+    return (q * torch.sign(torch.diagonal(r))).to(dtype)
+
+
+def arm_of(student) -> str:
+    info = getattr(student, "lrc_info", None)
+    if info is None:
+        raise LRCError("not an LRC student (built by lrc.student.build_student)")
+    return info["arm"]
+
+
+def down_clone_map(mlp) -> torch.Tensor:
+    """P_down [r, H]: the map from teacher to student width used by the mlp-out clone target.
+
+    The live factor in the `slice` arm (so it gets gradient from the target too), the
+    frozen warm-start copy in every other arm.
+    """
+    frozen = getattr(mlp, DOWN_FACTOR_BUFFER, None)
+    if frozen is not None:
+        return frozen
+    return mlp.down_proj.parametrizations.weight.original
+
+
+def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0) -> None:
+    """Re-parameterise the MLP matrices of a `slice` student as ``arm``, in place.
+
+    The deployed weights (hence the function) are those of the warm start, up to float
+    rounding in the basis products. ``bases`` (:class:`lrc.spectral.TeacherBases`) is
+    needed for core/confined/randcomp and is computed from the teacher when omitted.
+    ``seed`` chooses randcomp's random complement basis (layer l, matrix k uses
+    ``seed * 1000 + 3 * l + k``).
+    """
+    check_choice("arm", arm, ARMS)
+    current = arm_of(student)
+    if current != "slice":
+        raise LRCError(f"apply_arm needs a slice student, this one is already arm {current!r}")
+    if arm == "slice":
+        return
+    if arm in ("core", "confined", "randcomp"):
+        if bases is None:
+            from lrc.spectral import compute_bases
+
+            bases = compute_bases(teacher)
+        bases.check_matches(teacher)
+    for i, layer in enumerate(student.model.layers):
+        mlp = layer.mlp
+        p_down = mlp.down_proj.parametrizations.weight.original.detach().clone()
+        for k, kind in enumerate(MLP_KINDS):
+            proj = getattr(mlp, f"{kind}_proj")
+            w0 = proj.weight.detach().clone()
+            parametrize.remove_parametrizations(proj, "weight", leave_parametrized=False)
+            proj.weight = nn.Parameter(w0, requires_grad=True)
+            if arm == "dense":
+                continue
+            device = w0.device
+            basis = bases.basis(i, kind).to(device, w0.dtype)
+            transpose = kind == "down"
+            if arm == "confined":
+                module = ConfinedToTeacherSpace(basis, transpose=transpose)
+            else:
+                refl, tau = bases.complement(i, kind)
+                rotation = None
+                if arm == "randcomp":
+                    size = basis.shape[0] - basis.shape[1]
+                    rotation = random_rotation(size, seed * 1000 + 3 * i + k, w0.dtype).to(device)
+                module = SpectralCoordinates(basis, refl.to(device, w0.dtype), tau.to(device, w0.dtype), rotation, transpose)
+            parametrize.register_parametrization(proj, "weight", module, unsafe=True)
+        mlp.register_buffer(DOWN_FACTOR_BUFFER, p_down.requires_grad_(False), persistent=True)
+    student.lrc_info["arm"] = arm
+    student.lrc_info["arm_seed"] = seed

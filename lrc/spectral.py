@@ -1,0 +1,180 @@
+"""Teacher spectral bases (the `teacher SVD` stage, `lrc svd`).
+
+For every layer's gate/up/down projection we store the teacher weight's singular basis
+on the side the reachability gap lives on, always as a *column-oriented* matrix
+``U [d_ff, H]`` with orthonormal columns:
+
+* gate/up (``T [d_ff, H]``): the left singular vectors of T (its column space);
+* down (``T [H, d_ff]``): the right singular vectors of T (its row space), i.e. the left
+  singular vectors of Tᵀ.
+
+Also stored: the singular values, and the right singular vectors of the embedding matrix
+``E [V, H]`` (``embed.V [H, H]``, columns by decreasing singular value), which the
+spectral factor init (:mod:`lrc.student`) uses as its shared projection.
+
+Precision and determinism: the SVDs run in float64 on the CPU and are stored as float32
+safetensors. Each singular vector's sign is fixed so that its largest-magnitude entry is
+positive, so the bases are a function of the teacher weights alone.
+
+Complement basis: ``U_perp`` (``d_ff - H`` columns) is NOT the full SVD's; it is the
+Householder QR completion of ``U``: with ``U = Q R`` (``torch.geqrf``, float64), Q is the
+product of H Householder reflectors, ``Q[:, :H] = U · diag(±1)`` and ``Q[:, H:]`` is an
+orthonormal basis of the orthogonal complement. It is deterministic for a given U and is
+never materialised: ``U_perp · C`` is computed with ``torch.ormqr`` on ``[0; C]``, which
+costs O(d_ff · H · r) per product and stores only the ``[d_ff, H]`` reflectors (same size
+as U). At Llama-3.1-8B scale a materialised ``d_ff × d_ff`` basis would be 0.8 GB fp32 per
+matrix (×96 matrices); the reflectors are 0.23 GB per matrix, and are rebuilt from U on
+load rather than stored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from lrc.errors import LRCError
+
+MLP_KINDS = ("gate", "up", "down")
+BASES_FILE = "bases.safetensors"
+BASES_META = "bases.json"
+
+
+@dataclass
+class TeacherBases:
+    """Orthonormal bases of a teacher's MLP weights (column-oriented, see module doc)."""
+
+    U: dict[str, torch.Tensor]  # "{layer}.{kind}" -> [d_ff, H]
+    S: dict[str, torch.Tensor]  # "{layer}.{kind}" -> [H]
+    embed_V: torch.Tensor  # [H, H], right singular vectors of the embedding
+    embed_S: torch.Tensor  # [H]
+    meta: dict = field(default_factory=dict)
+    _reflectors: dict = field(default_factory=dict, repr=False)
+
+    def basis(self, layer: int, kind: str) -> torch.Tensor:
+        key = f"{layer}.{kind}"
+        if key not in self.U:
+            raise LRCError(f"teacher bases have no entry for layer {layer} {kind}_proj")
+        return self.U[key]
+
+    def complement(self, layer: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Householder reflectors and tau (float32) whose Q[:, H:] spans the complement of U."""
+        key = f"{layer}.{kind}"
+        if key not in self._reflectors:
+            refl, tau = torch.geqrf(self.basis(layer, kind).double())
+            self._reflectors[key] = (refl.float(), tau.float())
+        return self._reflectors[key]
+
+    def check_matches(self, teacher) -> None:
+        """Raise when these bases cannot belong to ``teacher`` (layer count or shapes)."""
+        cfg = teacher.config
+        want = (cfg.intermediate_size, cfg.hidden_size)
+        for i in range(cfg.num_hidden_layers):
+            for kind in MLP_KINDS:
+                u = self.U.get(f"{i}.{kind}")
+                if u is None or tuple(u.shape) != want:
+                    got = None if u is None else tuple(u.shape)
+                    raise LRCError(f"teacher bases do not match the teacher: layer {i} {kind}_proj basis shape {got}, expected {want}")
+
+
+def _fix_signs(vectors: torch.Tensor) -> torch.Tensor:
+    """Flip each column so that its largest-magnitude entry is positive."""
+    idx = vectors.abs().argmax(dim=0)
+    signs = torch.sign(vectors[idx, torch.arange(vectors.shape[1])])
+    signs[signs == 0] = 1
+    return vectors * signs
+
+
+def column_basis(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left singular vectors (thin, sign-fixed, float64) and singular values of ``matrix``."""
+    u, s, _ = torch.linalg.svd(matrix.detach().to("cpu", torch.float64), full_matrices=False)
+    return _fix_signs(u), s
+
+
+def mlp_teacher_matrix(teacher, layer: int, kind: str) -> torch.Tensor:
+    """The teacher's ``kind`` weight, column-oriented: ``[d_ff, H]`` (down is transposed)."""
+    w = getattr(teacher.model.layers[layer].mlp, f"{kind}_proj").weight
+    return w.T if kind == "down" else w
+
+
+def embedding_right_basis(teacher) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right singular vectors [H, H] (sign-fixed, by decreasing value) and values of E."""
+    e = teacher.model.embed_tokens.weight.detach().to("cpu", torch.float64)
+    evals, evecs = torch.linalg.eigh(e.T @ e)  # cheaper than the SVD of a [V, H] matrix
+    order = torch.argsort(evals, descending=True)
+    return _fix_signs(evecs[:, order]), evals[order].clamp_min(0).sqrt()
+
+
+def compute_bases(teacher) -> TeacherBases:
+    U, S = {}, {}
+    for i in range(teacher.config.num_hidden_layers):
+        for kind in MLP_KINDS:
+            u, s = column_basis(mlp_teacher_matrix(teacher, i, kind))
+            U[f"{i}.{kind}"], S[f"{i}.{kind}"] = u.float().contiguous(), s.float()
+    v, s = embedding_right_basis(teacher)
+    meta = {
+        "model_type": teacher.config.model_type,
+        "hidden_size": teacher.config.hidden_size,
+        "intermediate_size": teacher.config.intermediate_size,
+        "num_hidden_layers": teacher.config.num_hidden_layers,
+        "precision": "svd in float64 on CPU, stored float32",
+        "sign_convention": "largest-magnitude entry of each singular vector positive",
+        "orientation": "column-oriented [d_ff, H]: gate/up left singular vectors, down right singular vectors",
+        "complement": "Householder QR completion of U (torch.geqrf), applied with torch.ormqr",
+    }
+    return TeacherBases(U=U, S=S, embed_V=v.float().contiguous(), embed_S=s.float(), meta=meta)
+
+
+def save_bases(bases: TeacherBases, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {f"layers.{k}.U": v for k, v in bases.U.items()}
+    tensors |= {f"layers.{k}.S": v for k, v in bases.S.items()}
+    tensors |= {"embed.V": bases.embed_V, "embed.S": bases.embed_S}
+    tmp = out / (BASES_FILE + ".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    tmp.replace(out / BASES_FILE)
+    tmp_meta = out / (BASES_META + ".tmp")
+    tmp_meta.write_text(json.dumps(bases.meta, indent=2) + "\n")
+    tmp_meta.replace(out / BASES_META)
+    return out
+
+
+def load_bases(directory: str | Path) -> TeacherBases:
+    d = Path(directory)
+    path = d / BASES_FILE
+    if not path.is_file():
+        raise LRCError(f"no teacher bases in {d} (missing {BASES_FILE}; run `lrc svd`)")
+    tensors = load_file(str(path))
+    meta = json.loads((d / BASES_META).read_text()) if (d / BASES_META).is_file() else {}
+    U = {k[len("layers."):-len(".U")]: v for k, v in tensors.items() if k.startswith("layers.") and k.endswith(".U")}
+    S = {k[len("layers."):-len(".S")]: v for k, v in tensors.items() if k.startswith("layers.") and k.endswith(".S")}
+    return TeacherBases(U=U, S=S, embed_V=tensors["embed.V"], embed_S=tensors["embed.S"], meta=meta)
+
+
+# ---------------------------------------------------------------- command line
+
+
+@dataclass(kw_only=True)
+class SvdArgs:
+    """Compute the teacher's MLP singular bases once (float64 SVD, stored float32)."""
+
+    teacher: Path = field(metadata={"help": "teacher checkpoint directory (HF format)"})
+    out: Path = field(metadata={"help": "output directory for the bases"})
+
+
+def main(argv=None) -> int:
+    from lrc.cli import parse_args
+    from lrc.provenance import write_settings
+    from lrc.student import load_teacher
+
+    args = parse_args(SvdArgs, argv, prog="lrc svd")
+    teacher = load_teacher(args.teacher)
+    bases = compute_bases(teacher)
+    save_bases(bases, args.out)
+    write_settings(args.out, "svd", args, bases=bases.meta)
+    print(f"wrote teacher bases for {len(bases.U)} MLP matrices to {args.out}")
+    return 0

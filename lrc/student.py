@@ -1,0 +1,235 @@
+"""Build the Low-Rank Clone student from a Hugging Face teacher, and save/load its state.
+
+The student is a real ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` built from the teacher's
+config with ``hidden_size = r``, ``head_dim`` written explicitly (= the teacher's) and
+``rms_norm_eps`` = the eps it is trained with (default: the teacher's, so the deployed
+eps is the trained one). Every weight except the norms is a parametrisation
+(:mod:`lrc.reach`, ``unsafe=True``) whose stored tensor is the LRC factor of METHOD.md §1;
+the teacher weight is a non-persistent buffer of the parametrisation module (it shares the
+teacher's storage when dtypes agree, fp32 factors otherwise get an fp32 copy).
+
+* Tied teachers: the head gets its own Parameter before registering, then both
+  parametrisations share one factor ``P_emb`` (DESIGN.md "Known traps").
+* Untied teachers: the head has its own factor.
+* Qwen2's q/k/v biases are copied from the teacher and frozen. Norms are fresh ones.
+* Trainable (``requires_grad``): exactly the factors and the norm weights (plus, after
+  :func:`lrc.reach.apply_arm`, the arm's MLP tensors).
+
+Factor init: ``"normal"`` = the reference's N(0, init_std) for every factor (seeded);
+``"spectral"`` = one shared orthonormal projection ``V_r [H, r]``, the top-r right singular
+vectors of the teacher's embedding matrix (``bases.embed_V``), used for every factor
+(``A = V_r``, ``B = P = P_down = P_emb = V_rᵀ``): the student starts as the teacher with its
+residual stream projected onto those r directions. Norm gains stay 1 (not folded in).
+
+LRC state directory: ``student.safetensors`` (trainable tensors, frozen biases, the
+full-reach arms' P_down buffer; shared tensors stored once) and ``lrc.json`` (arm, r, eps,
+seed and the caller's metadata); no teacher weight is ever written.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+from torch import nn
+from torch.nn.utils import parametrize
+
+from lrc.errors import LRCError
+from lrc.reach import ARMS, FactorTimesTeacher, TeacherTimesFactor, TeacherTimesFactorT, apply_arm
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+INITS = ("normal", "spectral")
+STATE_FILE = "student.safetensors"
+STATE_META = "lrc.json"
+FACTOR_DTYPE = torch.float32
+
+
+def check_teacher(teacher) -> None:
+    model_type = getattr(teacher.config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise LRCError(f"unsupported teacher model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+
+
+def freeze_teacher(teacher):
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
+def load_teacher(path: str | Path, dtype=torch.float32):
+    """Load a local HF checkpoint as a frozen teacher (no remote code)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise LRCError(f"teacher directory {path} has no config.json")
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise LRCError(f"unsupported teacher model_type {config.model_type!r} in {path}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    teacher = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False)
+    return freeze_teacher(teacher)
+
+
+def teacher_head_dim(config) -> int:
+    head_dim = getattr(config, "head_dim", None)
+    return int(head_dim) if head_dim else config.hidden_size // config.num_attention_heads
+
+
+def student_config(teacher_config, hidden_size: int, norm_eps: float | None = None):
+    """The teacher's config with hidden size r, explicit head_dim and the trained eps."""
+    if not isinstance(hidden_size, int) or isinstance(hidden_size, bool) or hidden_size < 1:
+        raise LRCError(f"student hidden size must be a positive integer, got {hidden_size!r}")
+    H = teacher_config.hidden_size
+    if hidden_size >= H:
+        raise LRCError(f"student hidden size r={hidden_size} must be smaller than the teacher's hidden size {H}")
+    if norm_eps is not None and not norm_eps > 0:
+        raise LRCError(f"norm_eps must be positive, got {norm_eps!r}")
+    cfg = copy.deepcopy(teacher_config)
+    cfg.head_dim = teacher_head_dim(teacher_config)
+    cfg.hidden_size = hidden_size
+    if norm_eps is not None:
+        cfg.rms_norm_eps = float(norm_eps)
+    return cfg
+
+
+def _frozen(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(FACTOR_DTYPE)
+
+
+def _register(module: nn.Module, factor: torch.Tensor, param_module: nn.Module) -> None:
+    module.weight = nn.Parameter(factor, requires_grad=True)
+    parametrize.register_parametrization(module, "weight", param_module, unsafe=True)
+
+
+def _init_factors(teacher, r: int, init: str, init_std: float, bases, seed: int):
+    """A function ``make(shape_kind)`` returning a fresh factor: 'HxR' or 'RxH'."""
+    H = teacher.config.hidden_size
+    if init == "normal":
+        g = torch.Generator().manual_seed(seed)
+
+        def make(kind):
+            shape = (H, r) if kind == "HxR" else (r, H)
+            return torch.randn(*shape, generator=g, dtype=FACTOR_DTYPE) * init_std
+
+        return make
+    if bases is not None:
+        v = bases.embed_V[:, :r].to(FACTOR_DTYPE)
+    else:
+        from lrc.spectral import embedding_right_basis
+
+        v = embedding_right_basis(teacher)[0][:, :r].to(FACTOR_DTYPE)
+    if v.shape != (H, r):
+        raise LRCError(f"spectral init: embedding basis has shape {tuple(bases.embed_V.shape)}, teacher hidden size is {H}")
+    return lambda kind: (v if kind == "HxR" else v.T).clone().contiguous()
+
+
+def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: float = 0.02, bases=None, seed: int = 0, norm_eps: float | None = None):
+    """The plain-LRC (`slice`) student of width ``hidden_size`` for ``teacher``."""
+    check_teacher(teacher)
+    if init not in INITS:
+        raise LRCError(f"unknown init {init!r}; choose one of: {', '.join(INITS)}")
+    freeze_teacher(teacher)
+    cfg = student_config(teacher.config, hidden_size, norm_eps)
+    torch.manual_seed(seed)  # the throw-away random init of the HF class, reproducible
+    student = type(teacher)(cfg).to(FACTOR_DTYPE)
+    device = teacher.model.embed_tokens.weight.device
+    make = _init_factors(teacher, hidden_size, init, init_std, bases, seed)
+
+    for s_layer, t_layer in zip(student.model.layers, teacher.model.layers):
+        s_attn, t_attn = s_layer.self_attn, t_layer.self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):
+            s_proj, t_proj = getattr(s_attn, name), getattr(t_attn, name)
+            _register(s_proj, make("HxR"), TeacherTimesFactor(_frozen(t_proj.weight)))
+            if t_proj.bias is not None:
+                s_proj.bias = nn.Parameter(_frozen(t_proj.bias).clone(), requires_grad=False)
+        _register(s_attn.o_proj, make("RxH"), FactorTimesTeacher(_frozen(t_attn.o_proj.weight)))
+        s_mlp, t_mlp = s_layer.mlp, t_layer.mlp
+        _register(s_mlp.gate_proj, make("RxH"), TeacherTimesFactorT(_frozen(t_mlp.gate_proj.weight)))
+        _register(s_mlp.up_proj, make("RxH"), TeacherTimesFactorT(_frozen(t_mlp.up_proj.weight)))
+        _register(s_mlp.down_proj, make("RxH"), FactorTimesTeacher(_frozen(t_mlp.down_proj.weight)))
+
+    emb_factor = make("RxH")
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    # Untie the Parameter objects first: registering rewrites the stored tensor in place.
+    student.lm_head.weight = nn.Parameter(torch.empty(0))
+    _register(student.model.embed_tokens, emb_factor, TeacherTimesFactorT(_frozen(teacher.model.embed_tokens.weight)))
+    _register(student.lm_head, emb_factor.clone() if tied else make("RxH"), TeacherTimesFactorT(_frozen(teacher.lm_head.weight)))
+    if tied:
+        student.lm_head.parametrizations.weight.original = student.model.embed_tokens.parametrizations.weight.original
+
+    with torch.no_grad():
+        for name, p in student.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+    for name, p in student.named_parameters():
+        p.requires_grad_(name.endswith(".original") or "norm" in name)
+    student.lrc_info = {
+        "arm": "slice",
+        "arm_seed": seed,
+        "student_hidden": hidden_size,
+        "teacher_hidden": teacher.config.hidden_size,
+        "model_type": cfg.model_type,
+        "init": init,
+        "init_std": init_std,
+        "seed": seed,
+        "norm_eps": cfg.rms_norm_eps,
+        "tie_word_embeddings": tied,
+    }
+    return student.to(device).eval()
+
+
+def trainable_parameters(model) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def save_lrc_state(student, out_dir: str | Path, **meta) -> Path:
+    """Write ``student.safetensors`` and ``lrc.json`` into ``out_dir`` (atomically, per file)."""
+    info = getattr(student, "lrc_info", None)
+    if info is None:
+        raise LRCError("save_lrc_state: not an LRC student (built by lrc.student.build_student)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (STATE_FILE + ".tmp")
+    save_model(student, str(tmp))  # stores a shared (tied) factor once
+    tmp.replace(out / STATE_FILE)
+    record = dict(info) | {"meta": meta}
+    tmp_meta = out / (STATE_META + ".tmp")
+    tmp_meta.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    tmp_meta.replace(out / STATE_META)
+    return out
+
+
+def read_lrc_meta(state_dir: str | Path) -> dict:
+    path = Path(state_dir) / STATE_META
+    if not path.is_file():
+        raise LRCError(f"{state_dir} is not an LRC state directory (missing {STATE_META})")
+    return json.loads(path.read_text())
+
+
+def load_lrc_state(state_dir: str | Path, teacher, bases=None):
+    """Rebuild the student saved in ``state_dir`` (same arm) and load its trained values."""
+    info = read_lrc_meta(state_dir)
+    arm = info.get("arm")
+    if arm not in ARMS:
+        raise LRCError(f"{state_dir}/{STATE_META}: unknown arm {arm!r}")
+    if info.get("teacher_hidden") != teacher.config.hidden_size or info.get("model_type") != teacher.config.model_type:
+        raise LRCError(
+            f"{state_dir} was trained from a {info.get('model_type')} teacher of hidden size {info.get('teacher_hidden')}, "
+            f"not this {teacher.config.model_type} teacher of hidden size {teacher.config.hidden_size}"
+        )
+    student = build_student(teacher, info["student_hidden"], init="normal", seed=info.get("seed", 0), norm_eps=info["norm_eps"])
+    apply_arm(student, teacher, arm, bases=bases, seed=info.get("arm_seed", 0))
+    for key in ("init", "init_std", "seed"):
+        if key in info:
+            student.lrc_info[key] = info[key]
+    path = Path(state_dir) / STATE_FILE
+    if not path.is_file():
+        raise LRCError(f"{state_dir} has no {STATE_FILE}")
+    missing, unexpected = load_model(student, str(path), strict=False, device=str(teacher.model.embed_tokens.weight.device))
+    if missing or unexpected:
+        raise LRCError(f"{path} does not match the {arm} student: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    return student.eval()

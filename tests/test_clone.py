@@ -1,0 +1,138 @@
+"""The loss: KL and CE by hand, recipes, switchable terms, hooks on real modules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import make_teacher
+
+from lrc.clone import CLONE_TERMS, CloneObjective, RecipeArgs, kl_divergence, next_token_ce
+from lrc.errors import LRCError
+from lrc.student import build_student, trainable_parameters
+
+
+def hand_kl(t_logits, s_logits, temp, positions):
+    total = 0.0
+    for b, l in positions:
+        zt = [x / temp for x in t_logits[b][l]]
+        zs = [x / temp for x in s_logits[b][l]]
+        lt = math.log(sum(math.exp(x) for x in zt))
+        ls = math.log(sum(math.exp(x) for x in zs))
+        for a, c in zip(zt, zs):
+            p = math.exp(a - lt)
+            total += p * ((a - lt) - (c - ls))
+    return total
+
+
+def test_kl_matches_a_hand_computation_with_both_reductions():
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(2, 3, 5, generator=g, dtype=torch.float64) * 3
+    s = torch.randn(2, 3, 5, generator=g, dtype=torch.float64) * 3
+    tl, sl = t.tolist(), s.tolist()
+    everywhere = [(b, l) for b in range(2) for l in range(3)]
+    summed = hand_kl(tl, sl, 2.0, everywhere)
+    assert kl_divergence(t, s, 2.0).item() == pytest.approx(summed / 2, rel=1e-6)  # / sequences
+    assert kl_divergence(t, s, 2.0, reduction="token").item() == pytest.approx(summed / 6, rel=1e-6)
+    mask = torch.tensor([[True, False, True], [False, False, True]])
+    kept = [(0, 0), (0, 2), (1, 2)]
+    assert kl_divergence(t, s, 2.0, mask).item() == pytest.approx(hand_kl(tl, sl, 2.0, kept) / 2, rel=1e-6)
+    assert kl_divergence(t, s, 2.0, mask, "token").item() == pytest.approx(hand_kl(tl, sl, 2.0, kept) / 3, rel=1e-6)
+    assert kl_divergence(t, t, 40.0).item() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_ce_counts_targets_where_the_mask_is_true():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 4, 7, generator=g)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    mask = torch.tensor([[True, False, True, True]])  # targets 3 (pos 1->2) and 4 (pos 2->3) count
+    logp = torch.log_softmax(logits, -1)
+    want = -(logp[0, 1, 3] + logp[0, 2, 4]) / 2
+    torch.testing.assert_close(next_token_ce(logits, ids, mask), want)
+    want_all = -(logp[0, 0, 2] + logp[0, 1, 3] + logp[0, 2, 4]) / 3
+    torch.testing.assert_close(next_token_ce(logits, ids), want_all)
+
+
+def test_objective_total_is_the_weighted_sum_of_its_terms(token_batch):
+    teacher = make_teacher("qwen2-untied")
+    student = build_student(teacher, 16)
+    recipe = RecipeArgs(alpha=0.5, temperature=3.0)
+    total, terms = CloneObjective(teacher, student, recipe).loss({"input_ids": token_batch})
+    assert set(terms) == {"ce", "kl", *CLONE_TERMS}
+    assert all(not v.requires_grad for v in terms.values())
+    want = terms["ce"] + terms["kl"] + 0.5 * sum(terms[n] for n in CLONE_TERMS)
+    torch.testing.assert_close(total.detach(), want)
+    # the KL term is the logit KL of the two models' forwards
+    with torch.no_grad():
+        kl = kl_divergence(teacher(input_ids=token_batch).logits, student(input_ids=token_batch).logits, 3.0)
+    torch.testing.assert_close(terms["kl"], kl)
+
+
+def test_clone_terms_are_the_definitions(token_batch):
+    teacher = make_teacher("llama-untied")
+    student = build_student(teacher, 16, seed=2)
+    _, terms = CloneObjective(teacher, student, RecipeArgs(clone_layers=[1])).loss({"input_ids": token_batch})
+    caps = {}
+
+    def keep(name, fn):
+        return lambda mod, args, out: caps.__setitem__(name, fn(args, out))
+
+    hs = [
+        teacher.model.layers[1].mlp.register_forward_hook(keep("t_mlp", lambda a, o: o)),
+        student.model.layers[1].mlp.register_forward_hook(keep("s_mlp", lambda a, o: o)),
+        teacher.model.layers[1].self_attn.o_proj.register_forward_hook(keep("t_o", lambda a, o: o)),
+        student.model.layers[1].self_attn.o_proj.register_forward_hook(keep("s_heads", lambda a, o: a[0])),
+    ]
+    with torch.no_grad():
+        teacher(input_ids=token_batch)
+        student(input_ids=token_batch)
+    for h in hs:
+        h.remove()
+    p_down = student.model.layers[1].mlp.down_proj.parametrizations.weight.original
+    torch.testing.assert_close(terms["mlp_out"], ((caps["s_mlp"] - caps["t_mlp"] @ p_down.T) ** 2).mean().detach())
+    w_o = teacher.model.layers[1].self_attn.o_proj.weight
+    torch.testing.assert_close(terms["attn_out"], ((caps["s_heads"] @ w_o.T - caps["t_o"]) ** 2).mean())
+
+
+def test_mlp_out_target_is_not_detached_through_p_down(token_batch):
+    teacher = make_teacher("llama-tied")
+    student = build_student(teacher, 16)
+    recipe = RecipeArgs(clone_terms=["mlp_out"], ce_weight=0.0, kl_weight=0.0)
+    total, terms = CloneObjective(teacher, student, recipe).loss({"input_ids": token_batch})
+    assert set(terms) == {"ce", "kl", "mlp_out"}
+    total.backward()
+    p_down = student.model.layers[1].mlp.down_proj.parametrizations.weight.original
+    # gradient through both the student output (B·T) and the target P_down·t
+    assert p_down.grad is not None and p_down.grad.abs().sum() > 0
+    assert student.model.layers[0].self_attn.q_proj.parametrizations.weight.original.grad.abs().sum() > 0
+
+
+def test_kl_recipe_is_logit_kl_only(token_batch):
+    teacher = make_teacher("llama-tied")
+    student = build_student(teacher, 16)
+    recipe = RecipeArgs(recipe="kl")
+    total, terms = CloneObjective(teacher, student, recipe).loss({"input_ids": token_batch})
+    assert set(terms) == {"ce", "kl"}
+    torch.testing.assert_close(total.detach(), terms["kl"])
+
+
+def test_gradients_reach_only_trainable_tensors_and_not_the_teacher(token_batch):
+    teacher = make_teacher("qwen2-tied")
+    student = build_student(teacher, 16)
+    total, _ = CloneObjective(teacher, student, RecipeArgs()).loss({"input_ids": token_batch})
+    total.backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    assert all(p.grad is not None for _, p in trainable_parameters(student))
+
+
+def test_bad_recipe_values():
+    with pytest.raises(LRCError, match="'sft'"):
+        RecipeArgs(recipe="sft")
+    with pytest.raises(LRCError, match="'mean'"):
+        RecipeArgs(kl_reduction="mean")
+    with pytest.raises(LRCError, match="'o'"):
+        RecipeArgs(clone_terms=["q", "o"])
+    teacher = make_teacher("llama-tied")
+    with pytest.raises(LRCError, match="clone_layers"):
+        CloneObjective(teacher, build_student(teacher, 16), RecipeArgs(clone_layers=[5]))

@@ -1,0 +1,88 @@
+"""Merge: a plain HF checkpoint with the training student's logits, for every arm."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import make_teacher
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from lrc.cli import main as lrc_main
+from lrc.errors import LRCError
+from lrc.merge import merge_student, save_merged
+from lrc.reach import ARMS, apply_arm
+from lrc.spectral import compute_bases
+from lrc.student import build_student, save_lrc_state, trainable_parameters
+
+
+def trained_student(teacher, arm, bases):
+    student = build_student(teacher, 16, seed=4)
+    apply_arm(student, teacher, arm, bases=bases, seed=1)
+    with torch.no_grad():  # move away from the warm start so the check means something
+        for _, p in trainable_parameters(student):
+            p.add_(0.05 * torch.randn_like(p))
+    return student
+
+
+def test_merge_round_trip_every_arm(teacher, token_batch, tmp_path):
+    bases = compute_bases(teacher)
+    for arm in ARMS:
+        student = trained_student(teacher, arm, bases)
+        before = {k: v.clone() for k, v in student.state_dict().items()}
+        out = tmp_path / arm
+        check = save_merged(student, out, check_ids=token_batch)
+        assert check["passed"] and check["max_abs_diff"] <= 1e-5
+        reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+        diff = (reloaded(input_ids=token_batch).logits - student(input_ids=token_batch).logits).abs().max()
+        assert diff <= 1e-5, arm
+        tied = teacher.config.tie_word_embeddings
+        assert reloaded.config.tie_word_embeddings == tied
+        assert (reloaded.lm_head.weight is reloaded.model.embed_tokens.weight) == tied
+        assert ("lm_head.weight" in load_file(str(out / "model.safetensors"))) == (not tied)
+        assert reloaded.config.rms_norm_eps == teacher.config.rms_norm_eps
+        assert reloaded.config.hidden_size == 16 and reloaded.config.head_dim == 8
+        assert json.loads((out / "merge_check.json").read_text())["max_abs_diff"] == check["max_abs_diff"]
+        # the training student is untouched
+        after = student.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_merged_model_has_no_parametrisations_and_trained_eps():
+    teacher = make_teacher("qwen2-tied")
+    student = build_student(teacher, 16, norm_eps=1e-5)
+    merged = merge_student(student)
+    assert not any("parametrizations" in k for k in merged.state_dict())
+    assert merged.config.rms_norm_eps == 1e-5  # the eps trained, not the teacher's 1e-6
+
+
+def test_failed_check_leaves_nothing(tmp_path, token_batch):
+    teacher = make_teacher("llama-untied")
+    student = trained_student(teacher, "dense", None)
+    with pytest.raises(LRCError, match="merge check failed"):
+        save_merged(student, tmp_path / "m", check_ids=token_batch, atol=-1.0)
+    assert not (tmp_path / "m").exists() and not (tmp_path / "m.tmp").exists()
+
+
+def test_svd_and_merge_commands(tmp_path, capsys):
+    teacher = make_teacher("qwen2-untied")
+    teacher.save_pretrained(tmp_path / "teacher")
+    assert lrc_main(["svd", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "svd")]) == 0
+    assert (tmp_path / "svd" / "bases.safetensors").is_file() and (tmp_path / "svd" / "settings.json").is_file()
+    from lrc.spectral import load_bases
+
+    bases = load_bases(tmp_path / "svd")
+    student = trained_student(teacher, "core", bases)
+    save_lrc_state(student, tmp_path / "state", tokens=0)
+    argv = ["merge", "--state", str(tmp_path / "state"), "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "merged"), "--bases", str(tmp_path / "svd")]
+    assert lrc_main(argv) == 0
+    check = json.loads((tmp_path / "merged" / "merge_check.json").read_text())
+    assert check["passed"] and check["arm"] == "core"
+    assert (tmp_path / "merged" / "settings.json").is_file()
+    ids = torch.randint(0, 97, (2, 16))
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    assert (reloaded(input_ids=ids).logits - student(input_ids=ids).logits).abs().max() <= 1e-5
+    assert lrc_main(["merge", "--state", str(tmp_path / "nothing"), "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "x")]) == 2
+    assert "lrc.json" in capsys.readouterr().err
