@@ -182,3 +182,31 @@ def test_kd_objective_is_zero_for_the_teacher_itself_and_trains_the_student():
     kl.backward()
     assert float(kl.detach()) > 0 and set(terms) == {"kl"}
     assert student.model.embed_tokens.weight.grad is not None and teacher.model.embed_tokens.weight.grad is None
+
+
+# ---- shared helpers for the command tests (test_resume, test_sft, test_distill_cli) ------
+
+TEXTS = [f"Person {i} lives in town {i % 7} and works as a {['baker', 'smith', 'pilot'][i % 3]}." for i in range(60)]
+
+
+def make_tokenizer(directory):
+    from lrc.world.tokenizer import train_tokenizer
+
+    return train_tokenizer(TEXTS, vocab_size=300, out_dir=directory)
+
+
+def write_llama_config(path, vocab_size: int, hidden: int = 32, layers: int = 2) -> None:
+    cfg = {"model_type": "llama", "vocab_size": vocab_size, "hidden_size": hidden, "intermediate_size": 3 * hidden,
+           "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "max_position_embeddings": 128, "tie_word_embeddings": True}
+    path.write_text(json.dumps(cfg))
+
+
+def write_corpus(directory, tokenizer, *, rows: int = 64, seq_len: int = 32, seed: int = 0):
+    import numpy as np
+
+    from lrc.data import write_tokens
+
+    g = np.random.default_rng(seed)
+    ids = g.integers(0, len(tokenizer), size=(rows, seq_len))
+    return write_tokens(directory, ids, tokenizer=tokenizer, source="random")

@@ -1,0 +1,111 @@
+"""Kill a training command with SIGKILL mid-run, restart it: the result equals an uninterrupted run.
+
+The command is `lrc pretrain` (every training command shares the loop and its checkpoints;
+tests/test_distill_cli.py repeats this for `lrc distill` when the LRC core is present).
+On the CPU the weights must be bitwise equal: the data order is a function of the step, the
+checkpoint restores parameters, AdamW moments, the schedule and the RNG exactly, and the
+restarted process runs the same kernels with the same thread count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_train import make_tokenizer, write_corpus, write_llama_config
+
+from lrc import checkpoint as ckpt
+
+ENV = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def kill_mid_run(cmd: list[str], ckpt_dir: Path, *, after_step: int, timeout: float = 240) -> None:
+    """Start ``cmd``, SIGKILL it once a checkpoint at or after ``after_step`` exists."""
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            done = [p for p in ckpt.list_checkpoints(ckpt_dir) if int(p.name.split("-")[1]) >= after_step]
+            if done:
+                proc.send_signal(signal.SIGKILL)
+                break
+            if proc.poll() is not None:
+                raise AssertionError(f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}")
+            time.sleep(0.01)
+        else:
+            raise AssertionError("no checkpoint appeared in time")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert ckpt.read_done(ckpt_dir) is None, "killed too late: the run had finished"
+
+
+@pytest.mark.slow
+def test_sigkill_then_restart_gives_the_uninterrupted_weights(tmp_path):
+    tok = make_tokenizer(tmp_path / "tok")
+    write_corpus(tmp_path / "data", tok, rows=64, seq_len=32)
+    write_llama_config(tmp_path / "config.json", len(tok))
+    steps = 600
+
+    def cmd(out: Path) -> list[str]:
+        return [sys.executable, "-m", "lrc.cli", "pretrain", "--model-config", str(tmp_path / "config.json"),
+                "--tokenizer", str(tmp_path / "tok"), "--data", str(tmp_path / "data"), "--out", str(out),
+                "--tokens", str(steps * 4 * 32), "--batch-size", "4", "--micro-batch-size", "2", "--lr", "3e-3",
+                "--schedule", "cosine", "--warmup", "0.05", "--checkpoint-every", "40", "--log-every", "20",
+                "--threads", "1", "--seed", "3", "--no-progress"]
+
+    subprocess.run(cmd(tmp_path / "straight"), env=ENV, check=True, capture_output=True, timeout=300)
+    kill_mid_run(cmd(tmp_path / "killed"), tmp_path / "killed.ckpt", after_step=40)
+    assert not (tmp_path / "killed" / "model.safetensors").exists()
+    subprocess.run(cmd(tmp_path / "killed"), env=ENV, check=True, capture_output=True, timeout=300)
+
+    training = json.loads((tmp_path / "killed" / "settings.json").read_text())["training"]
+    resumed_at = int(Path(training["resumed_from"]).name.split("-")[1])
+    assert 40 <= resumed_at < steps
+    a = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    b = load_file(str(tmp_path / "killed" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
+    # The metrics log has each step once, as if never interrupted.
+    steps_logged = [json.loads(x)["step"] for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps_logged == list(range(20, steps + 1, 20))
+    # Rerunning the finished command retrains nothing and rewrites the same weights.
+    subprocess.run(cmd(tmp_path / "killed"), env=ENV, check=True, capture_output=True, timeout=300)
+    assert json.loads((tmp_path / "killed" / "settings.json").read_text())["training"]["already_done"]
+    c = load_file(str(tmp_path / "killed" / "model.safetensors"))
+    assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_pretrain_same_seed_same_weights_and_outputs(tmp_path):
+    from lrc.pretrain import main
+
+    tok = make_tokenizer(tmp_path / "tok")
+    write_corpus(tmp_path / "data", tok, rows=16, seq_len=16)
+    write_llama_config(tmp_path / "config.json", len(tok))
+    common = ["--model-config", str(tmp_path / "config.json"), "--tokenizer", str(tmp_path / "tok"), "--data", str(tmp_path / "data"),
+              "--tokens", str(5 * 4 * 16), "--batch-size", "4", "--micro-batch-size", "4", "--lr", "1e-3", "--no-progress", "--log-every", "1"]
+    for name in ("a", "b"):
+        assert main(common + ["--out", str(tmp_path / name)]) == 0
+    a, b = (load_file(str(tmp_path / n / "model.safetensors")) for n in ("a", "b"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    out = tmp_path / "a"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "settings.json", "metrics.jsonl"} <= {p.name for p in out.iterdir()}
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["command"] == "pretrain" and settings["settings"]["tokens"] == 320 and settings["training"]["steps"] == 5
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    assert reloaded.config.vocab_size == len(tok)
+    # A different seed gives different weights.
+    assert main(common + ["--out", str(tmp_path / "c"), "--seed", "1"]) == 0
+    c = load_file(str(tmp_path / "c" / "model.safetensors"))
+    assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
