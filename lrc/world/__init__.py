@@ -1,1 +1,182 @@
-"""The built-in tiny world: a seeded synthetic world, its corpus, tokenizer and local tasks."""
+"""The built-in tiny world: a seeded synthetic world, its corpus, tokenizer and local tasks.
+
+`lrc world --out DIR --seed S` writes::
+
+    corpus/{train,valid}.jsonl   {"text": ...} per document (short biographies)
+    sft/{train,valid}.jsonl      {"messages": [user, assistant, ...]} question/answer chats
+    tasks/                       lm-eval task YAMLs + JSONL data (the local "tiny" suite)
+    tokenizer/                   byte-level BPE, loadable by AutoTokenizer, with a chat template
+    teacher_config.json          the tiny teacher's LlamaConfig (vocab = the tokenizer's)
+    world.json                   the facts themselves, and what each file holds
+    settings.json                provenance
+
+Same seed and sizes give the same bytes in every file but settings.json.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal, Sequence
+
+from lrc.errors import LRCError
+from lrc.world.generator import FACTS, World, WorldSize, build_world, corpus_documents, sft_conversations
+from lrc.world.tasks import write_tasks
+from lrc.world.tokenizer import train_tokenizer
+
+# Calibrated presets (see the report in README/DESIGN): "default" is the chain's world,
+# "test" the seconds-long world of the end-to-end test.
+SIZES: dict[str, WorldSize] = {
+    "default": WorldSize(people=300, cities=24, docs_per_person=100, valid_docs_per_person=2, eval_docs=400, vocab_size=2048),
+    "test": WorldSize(people=40, cities=8, docs_per_person=20, valid_docs_per_person=2, eval_docs=40, vocab_size=512),
+}
+TEACHERS: dict[str, dict[str, int]] = {
+    "default": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
+    "test": dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+}
+MAX_POSITIONS = 256
+
+
+@dataclass(kw_only=True)
+class WorldArgs:
+    """Generate the built-in tiny world (corpus, SFT chats, tasks, tokenizer, teacher config)."""
+
+    out: Path = field(metadata={"help": "output directory (replaced atomically)"})
+    seed: int = field(default=0, metadata={"help": "the world's seed: same seed, same bytes"})
+    size: Literal["default", "test"] = field(default="default", metadata={"help": "preset sizes; the options below override them"})
+    people: int | None = field(default=None, metadata={"help": "number of people"})
+    cities: int | None = field(default=None, metadata={"help": "number of cities"})
+    docs_per_person: int | None = field(default=None, metadata={"help": "training documents per person (exposures)"})
+    valid_docs_per_person: int | None = field(default=None, metadata={"help": "validation documents per person"})
+    eval_docs: int | None = field(default=None, metadata={"help": "documents per evaluation task"})
+    vocab_size: int | None = field(default=None, metadata={"help": "tokenizer vocabulary size"})
+    hidden_size: int | None = field(default=None, metadata={"help": "teacher hidden size H"})
+    intermediate_size: int | None = field(default=None, metadata={"help": "teacher MLP width d_ff (rho = d_ff/H >= 2.67)"})
+    num_hidden_layers: int | None = field(default=None, metadata={"help": "teacher layers"})
+    num_attention_heads: int | None = field(default=None, metadata={"help": "teacher attention heads"})
+    num_key_value_heads: int | None = field(default=None, metadata={"help": "teacher KV heads (GQA)"})
+
+    def resolved_size(self) -> WorldSize:
+        overrides = {k: getattr(self, k) for k in WorldSize.__dataclass_fields__ if getattr(self, k) is not None}
+        size = replace(SIZES[self.size], **overrides)
+        for key, value in vars(size).items():
+            if value < 1:
+                raise LRCError(f"--{key.replace('_', '-')} must be positive, got {value}")
+        if size.people < 5:
+            raise LRCError(f"--people must be at least 5 (four-way questions about friends), got {size.people}")
+        return size
+
+    def teacher_sizes(self) -> dict[str, int]:
+        sizes = dict(TEACHERS[self.size])
+        sizes.update({k: getattr(self, k) for k in sizes if getattr(self, k) is not None})
+        if sizes["intermediate_size"] / sizes["hidden_size"] < 2.67:
+            raise LRCError(f"--intermediate-size {sizes['intermediate_size']} / --hidden-size {sizes['hidden_size']} "
+                           "= rho below 2.67, outside the paper's range")
+        if sizes["hidden_size"] % sizes["num_attention_heads"] or sizes["num_attention_heads"] % sizes["num_key_value_heads"]:
+            raise LRCError("--hidden-size must divide into --num-attention-heads, which must divide into --num-key-value-heads")
+        return sizes
+
+
+def teacher_config(sizes: dict[str, int], tokenizer) -> dict:
+    """The tiny teacher's LlamaConfig, as a dict: tied embeddings like Llama-3.2."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **sizes,
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    out = config.to_dict()
+    out.pop("transformers_version", None)  # keep the bytes independent of the library version
+    return out
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def _world_record(world: World, size: WorldSize, seed: int, tasks: dict) -> dict:
+    return {
+        "seed": seed,
+        "size": vars(size),
+        "facts": list(FACTS),
+        "people": [{"name": p.name, **p.facts, "heldout_template": p.heldout} for p in world.people],
+        "tasks": tasks,
+    }
+
+
+def generate(out: Path, size: WorldSize, teacher_sizes: dict[str, int], seed: int) -> dict:
+    """Write the world into ``out`` (which must not exist yet); returns world.json's record."""
+    world = build_world(size, seed)
+    # Separate streams per product, so changing one size does not reshuffle the others.
+    streams = {k: random.Random(f"{seed}-{k}") for k in ("train", "valid", "sft", "tasks")}
+    train_docs = corpus_documents(world, size.docs_per_person, streams["train"])
+    valid_docs = corpus_documents(world, size.valid_docs_per_person, streams["valid"])
+    _write_jsonl(out / "corpus" / "train.jsonl", [{"text": d} for d in train_docs])
+    _write_jsonl(out / "corpus" / "valid.jsonl", [{"text": d} for d in valid_docs])
+
+    people = list(world.people)
+    n_valid = max(1, len(people) // 10)
+    sft_rng = streams["sft"]
+    sft_train = sft_conversations(world, people * 4, sft_rng)
+    sft_valid = sft_conversations(world, sft_rng.sample(people, n_valid), sft_rng)
+    _write_jsonl(out / "sft" / "train.jsonl", [{"messages": m} for m in sft_train])
+    _write_jsonl(out / "sft" / "valid.jsonl", [{"messages": m} for m in sft_valid])
+
+    chat_text = [m["content"] for conv in sft_train for m in conv]
+    tokenizer = train_tokenizer(train_docs + chat_text, size.vocab_size, out / "tokenizer")
+    tasks = write_tasks(world, out / "tasks", size.eval_docs, streams["tasks"])
+    (out / "teacher_config.json").write_text(json.dumps(teacher_config(teacher_sizes, tokenizer), indent=2, sort_keys=True) + "\n")
+    record = _world_record(world, size, seed, tasks)
+    record["single_token_names"] = _single_token_fraction(tokenizer, [p.name for p in world.people])
+    record["corpus_tokens"] = {"train": _count_tokens(tokenizer, train_docs), "valid": _count_tokens(tokenizer, valid_docs)}
+    (out / "world.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def _single_token_fraction(tokenizer, names: list[str]) -> float:
+    single = sum(len(tokenizer(" " + n, add_special_tokens=False)["input_ids"]) == 1 for n in names)
+    return single / len(names)
+
+
+def _count_tokens(tokenizer, docs: list[str]) -> int:
+    # + 2 per document: the eos and bos that `lrc tokenize` adds around each one.
+    return sum(len(ids) + 2 for ids in tokenizer(docs, add_special_tokens=False)["input_ids"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from lrc.cli import parse_args
+    from lrc.provenance import write_settings
+
+    args = parse_args(WorldArgs, argv, prog="lrc world")
+    size, teacher_sizes = args.resolved_size(), args.teacher_sizes()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        # Task YAMLs record absolute data paths: generate under the final name's parent,
+        # then point them at the final location before the rename.
+        record = generate(tmp, size, teacher_sizes, args.seed)
+        for yaml_file in (tmp / "tasks").glob("*.yaml"):
+            yaml_file.write_text(yaml_file.read_text().replace(str(tmp.resolve()), str(out.resolve())))
+        write_settings(tmp, "world", args, world_size=vars(size), teacher=teacher_sizes)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"{out}: {size.people} people, {record['corpus_tokens']['train']} training tokens, "
+          f"{record['single_token_names']:.0%} single-token names")
+    return 0

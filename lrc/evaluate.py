@@ -1,0 +1,309 @@
+"""`lrc evaluate`: one model, one suite, one JSON.
+
+The multiple-choice suite runs through lm-eval's Python API (``simple_evaluate`` on an
+``HFLM`` wrapping the loaded model). Two suites, both described as data in
+``lrc/suites/``: ``paper`` (the paper's nine zero-shot tasks with the metric METHOD.md
+names for each; needs the hub for the datasets) and ``tiny`` (the tiny world's local
+tasks). Besides the suite, three cheap continuous measures that move before accuracy
+does: perplexity on a held-out token directory, forward KL(teacher || model) on the same
+rows, and the mean log-probability lm-eval gave the right answer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import torch
+import yaml
+
+from lrc.errors import LRCError
+
+
+@dataclass(kw_only=True)
+class EvaluateArgs:
+    """Evaluate a checkpoint on a suite (lm-eval) plus held-out perplexity, KL to teacher, answer log-prob."""
+
+    model: str = field(metadata={"help": "HF checkpoint directory (safetensors) to evaluate", "positional": True})
+    out: Path = field(metadata={"help": "evaluation JSON to write"})
+    suite: Literal["tiny", "paper"] = field(default="tiny", metadata={"help": "task suite (lrc/suites/<suite>.yaml)"})
+    tasks_dir: Path | None = field(default=None, metadata={"help": "tiny suite: the world's tasks/ directory"})
+    tasks: list[str] | None = field(default=None, metadata={"help": "evaluate only these tasks of the suite"})
+    teacher: str | None = field(default=None, metadata={"help": "teacher checkpoint, for the KL on the held-out rows"})
+    heldout: Path | None = field(default=None, metadata={"help": "held-out token directory (perplexity, KL)"})
+    heldout_rows: int = field(default=64, metadata={"help": "rows of --heldout to use"})
+    tokenizer: str | None = field(default=None, metadata={"help": "tokenizer directory (default: the model's)"})
+    batch_size: int = field(default=16, metadata={"help": "lm-eval and held-out batch size"})
+    limit: float | None = field(default=None, metadata={"help": "lm-eval limit: documents per task (or a fraction if < 1)"})
+    num_fewshot: int = field(default=0, metadata={"help": "few-shot examples (the paper: 0)"})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N, or auto"})
+    name: str | None = field(default=None, metadata={"help": "model name in the JSON (default: the directory name)"})
+
+    def __post_init__(self) -> None:
+        if self.suite == "tiny" and self.tasks_dir is None:
+            raise LRCError("--suite tiny needs --tasks-dir (the world's tasks/ directory)")
+        if self.batch_size < 1 or self.heldout_rows < 1:
+            raise LRCError("--batch-size and --heldout-rows must be positive")
+        if self.num_fewshot < 0:
+            raise LRCError(f"--num-fewshot must be >= 0, got {self.num_fewshot}")
+        if self.teacher is not None and self.heldout is None:
+            raise LRCError("--teacher is only used for the KL on --heldout rows; give --heldout too")
+
+
+# ---------------------------------------------------------------------------------------
+# The lm-eval call
+
+
+def load_suite(name: str) -> dict[str, Any]:
+    from lrc.world.tasks import load_suite as _load
+
+    return _load(name)
+
+
+def selected_tasks(suite: dict[str, Any], only: list[str] | None) -> dict[str, dict[str, Any]]:
+    tasks = suite["tasks"]
+    if only:
+        unknown = [t for t in only if t not in tasks]
+        if unknown:
+            raise LRCError(f"--tasks {unknown} not in suite {suite['name']!r}; it has: {', '.join(tasks)}")
+        tasks = {t: tasks[t] for t in only}
+    out = {}
+    for name, spec in tasks.items():
+        chance = spec.get("chance", 1.0 / spec["choices"] if "choices" in spec else None)
+        out[name] = {"metric": spec["metric"], "chance": chance}
+    return out
+
+
+def prepare_include_dir(tasks_dir: Path, names: Sequence[str], into: Path) -> Path:
+    """Copy the world's task YAMLs into ``into`` with absolute data paths in ``tasks_dir``.
+
+    lm-eval resolves relative ``data_files`` against the working directory, and the world
+    may have moved since it was written; so the data file is re-pointed here, by name.
+    """
+    tasks_dir = Path(tasks_dir).resolve()
+    if not tasks_dir.is_dir():
+        raise LRCError(f"--tasks-dir {tasks_dir} is not a directory")
+    into.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        src = tasks_dir / f"{name}.yaml"
+        if not src.is_file():
+            raise LRCError(f"--tasks-dir {tasks_dir} has no task file {src.name}")
+        config = yaml.safe_load(src.read_text())
+        files = config.get("dataset_kwargs", {}).get("data_files", {})
+        for split, path in files.items():
+            data = tasks_dir / Path(path).name
+            if not data.is_file():
+                raise LRCError(f"task {name}: data file {data} not found")
+            files[split] = str(data)
+        (into / src.name).write_text(yaml.safe_dump(config, sort_keys=False))
+    return into
+
+
+def lm_eval_call(args: EvaluateArgs, tasks: dict[str, dict[str, Any]], include_dir: Path | None) -> dict[str, Any]:
+    """The keyword arguments for ``lm_eval.simple_evaluate`` (all but the model)."""
+    from lm_eval.tasks import TaskManager
+
+    # The tiny suite needs only its own YAMLs; skipping lm-eval's thousands of built-in
+    # task files saves most of the start-up time.
+    manager = (TaskManager(include_path=str(include_dir), include_defaults=False)
+               if include_dir is not None else TaskManager())
+    limit = args.limit
+    if limit is not None and limit >= 1:
+        limit = int(limit)
+    return {
+        "tasks": list(tasks),
+        "num_fewshot": args.num_fewshot,
+        "batch_size": args.batch_size,
+        "limit": limit,
+        "task_manager": manager,
+        "log_samples": True,  # per-document log-likelihoods, for the answer log-prob
+        "bootstrap_iters": 1000,
+        "random_seed": 0,
+        "numpy_random_seed": 1234,
+        "torch_random_seed": 1234,
+        "fewshot_random_seed": 1234,
+    }
+
+
+def read_lm_eval_results(results: dict[str, Any], tasks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Pick each task's reported metric (and stderr) out of lm-eval's results."""
+    out = {}
+    for name, spec in tasks.items():
+        row = results["results"].get(name)
+        key = f"{spec['metric']},none"
+        if row is None or key not in row:
+            raise LRCError(f"lm-eval returned no {spec['metric']!r} for task {name!r} (got {sorted(row or {})})")
+        stderr = row.get(f"{spec['metric']}_stderr,none")
+        entry = {
+            "metric": spec["metric"],
+            "value": float(row[key]),
+            "stderr": float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None,
+            "chance": spec["chance"],
+        }
+        for other in ("acc", "acc_norm"):
+            if f"{other},none" in row:
+                entry[other] = float(row[f"{other},none"])
+        logprob = answer_logprob(results.get("samples", {}), name)
+        if logprob is not None:
+            entry["answer_logprob"] = logprob
+        out[name] = entry
+    return out
+
+
+def answer_logprob(samples: dict[str, list[dict]], task: str) -> float | None:
+    """Mean log-likelihood lm-eval gave the gold choice (groups: over their subtasks)."""
+    names = [task] if task in samples else [t for t in samples if t.startswith(task + "_") or t.startswith(task + ".")]
+    values = []
+    for name in names:
+        for s in samples.get(name, []):
+            gold = s.get("target")
+            resps = s.get("filtered_resps") or s.get("resps")
+            if isinstance(gold, int) and resps and 0 <= gold < len(resps):
+                ll = resps[gold]
+                ll = ll[0] if isinstance(ll, (list, tuple)) else ll
+                values.append(float(ll[0] if isinstance(ll, (list, tuple)) else ll))
+    return sum(values) / len(values) if values else None
+
+
+# ---------------------------------------------------------------------------------------
+# Models and held-out measures
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_model(path: str, device: torch.device, *, role: str = "--model"):
+    """A causal LM from a safetensors checkpoint, no remote code, fp32 on CPU."""
+    from transformers import AutoModelForCausalLM
+
+    if not Path(path).is_dir():
+        raise LRCError(f"{role} {path} is not a checkpoint directory")
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, use_safetensors=True, dtype=dtype)
+    except (OSError, ValueError) as err:
+        raise LRCError(f"cannot load {role} {path}: {err}") from err
+    return model.to(device).eval()
+
+
+@torch.no_grad()
+def heldout_measures(model, rows: torch.Tensor, masks: torch.Tensor, *, teacher=None, batch_size: int = 16) -> dict[str, float]:
+    """Perplexity of ``model`` on ``rows`` and, with a teacher, the mean per-token forward
+    KL(p_teacher || p_model) at temperature 1, both over the positions the mask counts."""
+    total_nll, total_kl, count = 0.0, 0.0, 0
+    device = next(model.parameters()).device
+    for start in range(0, rows.shape[0], batch_size):
+        ids = rows[start:start + batch_size].to(device)
+        counted = masks[start:start + batch_size, 1:].to(device)
+        logp = torch.log_softmax(model(ids).logits[:, :-1].float(), dim=-1)
+        nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        total_nll += nll[counted].sum().item()
+        count += int(counted.sum().item())
+        if teacher is not None:
+            logq = torch.log_softmax(teacher(ids).logits[:, :-1].float(), dim=-1)
+            kl = (logq.exp() * (logq - logp)).sum(-1)
+            total_kl += kl[counted].sum().item()
+    if count == 0:
+        raise LRCError("the held-out rows have no counted positions")
+    out = {"perplexity": math.exp(total_nll / count), "heldout_tokens": count}
+    if teacher is not None:
+        out["kl_to_teacher"] = total_kl / count
+    return out
+
+
+def heldout_rows(directory: Path, tokenizer: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from lrc.data import TokenDataset
+
+    ds = TokenDataset(directory, expect_tokenizer=tokenizer)
+    items = [ds[i] for i in range(min(n, len(ds)))]
+    return torch.stack([i["input_ids"] for i in items]), torch.stack([i["loss_mask"] for i in items])
+
+
+# ---------------------------------------------------------------------------------------
+# The command
+
+
+def evaluate(args: EvaluateArgs) -> dict[str, Any]:
+    """Run the evaluation and return the JSON record (without writing it)."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
+    from lrc.data import check_vocab, load_tokenizer
+    from lrc.provenance import provenance
+
+    suite = load_suite(args.suite)
+    tasks = selected_tasks(suite, args.tasks)
+    device = resolve_device(args.device)
+    model = load_model(args.model, device)
+    tokenizer = load_tokenizer(args.tokenizer or args.model)
+    check_vocab(len(tokenizer), model)
+    with tempfile.TemporaryDirectory(prefix="lrc-eval-") as tmp:
+        include = prepare_include_dir(args.tasks_dir, list(tasks), Path(tmp)) if args.suite == "tiny" else None
+        call = lm_eval_call(args, tasks, include)
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size, device=str(device),
+                  trust_remote_code=False)
+        results = lm_eval.simple_evaluate(model=lm, **call)
+    task_results = read_lm_eval_results(results, tasks)
+    values = [t["value"] for t in task_results.values()]
+    logprobs = [t["answer_logprob"] for t in task_results.values() if "answer_logprob" in t]
+    extra: dict[str, Any] = {"answer_logprob": sum(logprobs) / len(logprobs) if logprobs else None}
+    if args.heldout is not None:
+        teacher = load_model(args.teacher, device, role="--teacher") if args.teacher else None
+        if teacher is not None and teacher.get_output_embeddings().weight.shape[0] != model.get_output_embeddings().weight.shape[0]:
+            raise LRCError(f"--teacher {args.teacher} and --model {args.model} have different vocabularies")
+        rows, masks = heldout_rows(args.heldout, tokenizer, args.heldout_rows)
+        extra.update(heldout_measures(model, rows, masks, teacher=teacher, batch_size=args.batch_size))
+    return {
+        "model": args.name or Path(args.model).resolve().name,
+        "suite": args.suite,
+        "tasks": task_results,
+        "aggregate": {"name": suite["aggregate"], "value": sum(values) / len(values)},
+        "extra": extra,
+        "lm_eval": {"version": lm_eval.__version__ if hasattr(lm_eval, "__version__") else _version("lm_eval"),
+                    "num_fewshot": args.num_fewshot, "batch_size": args.batch_size, "limit": call["limit"]},
+        "settings": provenance("evaluate", args),
+    }
+
+
+def _version(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package.replace("_", "-"))
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def write_json(path: Path, record: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from lrc.cli import parse_args
+
+    args = parse_args(EvaluateArgs, argv, prog="lrc evaluate")
+    record = evaluate(args)
+    write_json(args.out, record)
+    summary = ", ".join(f"{k} {v['metric']} {v['value']:.3f}" for k, v in record["tasks"].items())
+    print(f"{record['model']}: {record['aggregate']['name']} {record['aggregate']['value']:.4f} ({summary})")
+    return 0
