@@ -1,0 +1,232 @@
+"""Reachability audit (`lrc audit`): what each arm can reach of every deployed weight.
+
+For a teacher (a ``config.json`` or a checkpoint directory) and a student width r, one row
+per deployed weight type (METHOD.md §2): its student shape, the deployed degrees of
+freedom, the dimension of the set training can reach under each arm, the training
+utilisation ``u = reachable / deployed`` of plain LRC and its stranded fraction ``1 − u``.
+A weight ``W = T·Zᵀ`` with T frozen and rank(T) = k reaches k·r of its entries' d·r
+dimensions (k = min(out, H) for q/k/v, and likewise for o; H for gate/up/down; H for the
+embedding and head, u = H/V). Only gate/up/down change with the arm: dense, core and
+randcomp reach all d_ff·r, slice and confined H·r.
+
+With ``--student MERGED_DIR`` (and a teacher *directory*) it measures occupancy: the
+fraction of each MLP weight's energy (squared Frobenius norm) outside the teacher
+weight's column space (gate/up) or row space (down), ``‖W − U Uᵀ W‖² / ‖W‖²`` with U from
+the teacher's SVD (:mod:`lrc.spectral`). With ``--knockout OUT_DIR`` it also writes a
+loadable copy of the student with exactly that part projected away.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lrc.errors import LRCError
+from lrc.reach import ARMS
+from lrc.student import SUPPORTED_MODEL_TYPES
+
+FULL_REACH = ("dense", "core", "randcomp")
+MLP_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
+
+
+def read_teacher_config(path: str | Path) -> dict:
+    """The teacher's config as a dict, from a config.json file or a checkpoint directory."""
+    p = Path(path)
+    file = p / "config.json" if p.is_dir() else p
+    if not file.is_file():
+        raise LRCError(f"teacher {p}: no config.json found")
+    try:
+        cfg = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise LRCError(f"teacher config {file} is not valid JSON: {err}") from err
+    if cfg.get("model_type") not in SUPPORTED_MODEL_TYPES:
+        raise LRCError(f"unsupported teacher model_type {cfg.get('model_type')!r} in {file}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        if key not in cfg:
+            raise LRCError(f"teacher config {file} lacks {key!r}")
+    return cfg
+
+
+def reachability_table(cfg: dict, r: int) -> list[dict]:
+    """One row per deployed weight type (see module doc)."""
+    H, d_ff, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    if not isinstance(r, int) or r < 1 or r >= H:
+        raise LRCError(f"--student-hidden {r!r} must be a positive integer below the teacher's hidden size {H}")
+    n_h = cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads") or n_h
+    h_d = cfg.get("head_dim") or H // n_h
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    # name, count, student shape [out, in], rank of the frozen teacher factor
+    specs = [
+        ("embed_tokens", 1, (V, r), min(V, H)),
+        ("q_proj", L, (n_h * h_d, r), min(n_h * h_d, H)),
+        ("k_proj", L, (n_kv * h_d, r), min(n_kv * h_d, H)),
+        ("v_proj", L, (n_kv * h_d, r), min(n_kv * h_d, H)),
+        ("o_proj", L, (r, n_h * h_d), min(n_h * h_d, H)),
+        ("gate_proj", L, (d_ff, r), min(d_ff, H)),
+        ("up_proj", L, (d_ff, r), min(d_ff, H)),
+        ("down_proj", L, (r, d_ff), min(d_ff, H)),
+        ("lm_head" + (" (tied)" if tied else ""), 1, (V, r), min(V, H)),
+        ("norms", 2 * L + 1, (r,), None),
+    ]
+    rows = []
+    for name, count, shape, rank in specs:
+        deployed = shape[0] * (shape[1] if len(shape) > 1 else 1)
+        slice_reach = deployed if rank is None else rank * r
+        row = {"weight": name, "count": count, "shape": "x".join(map(str, shape)), "deployed": deployed}
+        for arm in ARMS:
+            full = name in MLP_WEIGHTS and arm in FULL_REACH
+            row[f"reach_{arm}"] = deployed if full else slice_reach
+        row["u"] = slice_reach / deployed
+        row["stranded"] = 1.0 - row["u"]
+        rows.append(row)
+    return rows
+
+
+def mlp_stranded_fraction(cfg: dict, r: int) -> float:
+    rows = [row for row in reachability_table(cfg, r) if row["weight"] in MLP_WEIGHTS]
+    return sum(row["stranded"] * row["deployed"] for row in rows) / sum(row["deployed"] for row in rows)
+
+
+def _mlp_bases(teacher, bases):
+    from lrc.spectral import column_basis, mlp_teacher_matrix
+
+    def get(i, kind):
+        if bases is not None:
+            return bases.basis(i, kind).double()
+        return column_basis(mlp_teacher_matrix(teacher, i, kind))[0]
+
+    return get
+
+
+def _column_oriented(student, i, kind):
+    w = getattr(student.model.layers[i].mlp, f"{kind}_proj").weight.detach().double().cpu()
+    return w.T if kind == "down" else w
+
+
+def occupancy(teacher, student, bases=None) -> list[dict]:
+    """Per layer and MLP matrix: energy of the student weight outside the teacher's space."""
+    get = _mlp_bases(teacher, bases)
+    out = []
+    for i in range(teacher.config.num_hidden_layers):
+        for kind in ("gate", "up", "down"):
+            w, u = _column_oriented(student, i, kind), get(i, kind)
+            rest = w - u @ (u.T @ w)
+            total, outside = w.pow(2).sum().item(), rest.pow(2).sum().item()
+            out.append({"layer": i, "weight": f"{kind}_proj", "energy": total, "outside": outside, "occupancy": outside / total if total else 0.0})
+    return out
+
+
+@torch.no_grad()
+def knockout(teacher, student, bases=None) -> None:
+    """Project every MLP weight of ``student`` (a plain model) onto the teacher's space, in place."""
+    get = _mlp_bases(teacher, bases)
+    for i in range(teacher.config.num_hidden_layers):
+        for kind in ("gate", "up", "down"):
+            proj = getattr(student.model.layers[i].mlp, f"{kind}_proj")
+            w, u = _column_oriented(student, i, kind), get(i, kind)
+            kept = u @ (u.T @ w)
+            proj.weight.copy_((kept.T if kind == "down" else kept).to(proj.weight.dtype))
+
+
+def format_table(rows: list[dict]) -> str:
+    cols = ["weight", "count", "shape", "deployed", *[f"reach_{a}" for a in ARMS], "u", "stranded"]
+    if any("occupancy" in r for r in rows):
+        cols.append("occupancy")
+
+    def cell(row, c):
+        v = row.get(c, "")
+        if c in ("u", "stranded", "occupancy") and v != "":
+            return f"{100 * v:.1f}%"
+        return str(v)
+
+    table = [cols] + [[cell(r, c) for c in cols] for r in rows]
+    widths = [max(len(line[j]) for line in table) for j in range(len(cols))]
+    return "\n".join("  ".join(x.rjust(w) if j else x.ljust(w) for j, (x, w) in enumerate(zip(line, widths))) for line in table)
+
+
+@dataclass(kw_only=True)
+class AuditArgs:
+    """Reachability audit: reachable dimensions per weight and arm, occupancy, knockout."""
+
+    teacher: Path = field(metadata={"help": "teacher config.json or checkpoint directory", "positional": True})
+    student_hidden: int = field(metadata={"help": "student hidden size r"})
+    csv: Path | None = field(default=None, metadata={"help": "also write the table as CSV here"})
+    student: Path | None = field(default=None, metadata={"help": "merged student checkpoint: measure MLP occupancy outside the teacher's spaces"})
+    bases: Path | None = field(default=None, metadata={"help": "teacher bases directory (computed from the teacher if omitted)"})
+    knockout: Path | None = field(default=None, metadata={"help": "write a copy of --student with the outside part removed here"})
+
+
+def main(argv=None) -> int:
+    from lrc.cli import parse_args
+
+    args = parse_args(AuditArgs, argv, prog="lrc audit")
+    cfg = read_teacher_config(args.teacher)
+    rows = reachability_table(cfg, args.student_hidden)
+    if args.knockout is not None and args.student is None:
+        raise LRCError("--knockout needs --student")
+    per_layer = None
+    if args.student is not None:
+        per_layer = _audit_student(args, cfg, rows)
+    print(f"teacher {cfg['model_type']} H={cfg['hidden_size']} d_ff={cfg['intermediate_size']} -> r={args.student_hidden}")
+    print(format_table(rows))
+    print(f"MLP stranded fraction under plain LRC: {100 * mlp_stranded_fraction(cfg, args.student_hidden):.1f}%")
+    if per_layer is not None:
+        total = sum(r["energy"] for r in per_layer)
+        print(f"student MLP energy outside the teacher's spaces: {100 * sum(r['outside'] for r in per_layer) / total:.2f}%")
+    if args.csv is not None:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.csv.with_name(args.csv.name + ".tmp")
+        with tmp.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0].keys()) + (["occupancy"] if per_layer else []))
+            writer.writeheader()
+            writer.writerows(rows)
+        tmp.replace(args.csv)
+    return 0
+
+
+def _audit_student(args, cfg, rows) -> list[dict]:
+    from transformers import AutoModelForCausalLM
+
+    from lrc.provenance import write_settings
+    from lrc.spectral import load_bases
+    from lrc.student import load_teacher
+
+    if not Path(args.teacher).is_dir():
+        raise LRCError("--student needs the teacher's weights: give TEACHER as a checkpoint directory, not a config file")
+    teacher = load_teacher(args.teacher)
+    if not (args.student / "config.json").is_file():
+        raise LRCError(f"--student {args.student} has no config.json")
+    student = AutoModelForCausalLM.from_pretrained(args.student, dtype=torch.float32, trust_remote_code=False).eval()
+    if student.config.intermediate_size != cfg["intermediate_size"] or student.config.num_hidden_layers != cfg["num_hidden_layers"]:
+        raise LRCError(f"--student {args.student} does not have the teacher's MLP width and depth")
+    bases = load_bases(args.bases) if args.bases is not None else None
+    per_layer = occupancy(teacher, student, bases)
+    for row in rows:
+        mine = [r for r in per_layer if r["weight"] == row["weight"]]
+        if mine:
+            row["occupancy"] = sum(r["outside"] for r in mine) / sum(r["energy"] for r in mine)
+    for r in per_layer:
+        print(f"layer {r['layer']:>3} {r['weight']:<9} occupancy {100 * r['occupancy']:.3f}%", file=sys.stderr)
+    if args.knockout is not None:
+        knockout(teacher, student, bases)
+        tmp = args.knockout.with_name(args.knockout.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        student.save_pretrained(tmp)
+        if (args.student / "tokenizer_config.json").is_file():
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(args.student).save_pretrained(tmp)
+        removed = sum(r["outside"] for r in per_layer) / sum(r["energy"] for r in per_layer)
+        write_settings(tmp, "audit --knockout", args, removed_mlp_energy_fraction=removed)
+        if args.knockout.exists():
+            shutil.rmtree(args.knockout)
+        tmp.rename(args.knockout)
+    return per_layer
