@@ -189,7 +189,7 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     caller saves its own outputs. ``out_dir`` receives ``metrics.jsonl``.
     """
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -205,7 +205,10 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     mixed = "no"
     if args.precision == "bf16" or (args.precision == "auto" and torch.cuda.is_available()):
         mixed = "bf16"
-    accelerator = Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False)
+    # broadcast_buffers=False: an LRC student's buffers are the frozen teacher weights (and
+    # bases), identical on every rank; DDP would otherwise re-send them at every forward.
+    ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
+    accelerator = Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False, kwargs_handlers=[ddp])
     P = accelerator.num_processes
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != P:

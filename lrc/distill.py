@@ -1,0 +1,151 @@
+"""`lrc warmstart` and `lrc distill`: LRC distillation of a student from a frozen teacher.
+
+* ``lrc warmstart``: build the plain-LRC (`slice`) student of width ``--student-hidden``
+  (``--init normal|spectral``) and train it with the recipe (default ``lrc``) for
+  ``--tokens`` tokens, which may be 0. Writes an LRC state directory.
+* ``lrc distill``: load the warm start, re-parameterise its MLP as ``--arm`` (at step 0 the
+  function is unchanged), train, write an LRC state directory. The ``kl`` recipe of
+  METHOD.md starts from a random init instead: omit ``--warmstart`` and give
+  ``--student-hidden`` (and ``--init``).
+
+Both run on the loop of :mod:`lrc.train` with :class:`lrc.clone.CloneObjective`, so they
+resume after a kill and run under ``accelerate launch``. ``--seed`` seeds the data order,
+the random complement of ``randcomp`` and (without a warm start) the factor init.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import torch
+
+from lrc.checkpoint import METRICS_FILE, atomic_dir
+from lrc.cli import check_choice, parse_args
+from lrc.clone import CloneObjective, RecipeArgs
+from lrc.errors import LRCError
+from lrc.provenance import write_settings
+from lrc.train import TrainArgs, default_ckpt_dir, is_main_process, open_token_data, train, train_args_from
+
+
+@dataclass(kw_only=True)
+class _DistillCommon(RecipeArgs, TrainArgs):
+    teacher: Path = field(metadata={"help": "teacher HF checkpoint directory"})
+    data: Path = field(metadata={"help": "token directory (or a `lrc tokenize` output with train/)"})
+    out: Path = field(metadata={"help": "output LRC state directory"})
+    bases: Path | None = field(default=None, metadata={"help": "teacher bases from `lrc svd` (spectral init, core/confined/randcomp; computed if omitted)"})
+    init: Literal["normal", "spectral"] = field(default="normal", metadata={"help": "factor init of a new student"})
+    init_std: float = field(default=0.02, metadata={"help": "std of the normal factor init"})
+    norm_eps: float | None = field(default=None, metadata={"help": "RMSNorm eps trained and deployed (default: the teacher's)"})
+
+    def __post_init__(self) -> None:
+        TrainArgs.__post_init__(self)
+        RecipeArgs.__post_init__(self)
+        check_choice("--init", self.init, ("normal", "spectral"))
+
+
+@dataclass(kw_only=True)
+class WarmstartArgs(_DistillCommon):
+    """Plain LRC warm start: the slice student trained with the recipe (tokens may be 0)."""
+
+    student_hidden: int = field(metadata={"help": "student hidden size r"})
+
+
+@dataclass(kw_only=True)
+class DistillArgs(_DistillCommon):
+    """Distill one arm from the warm start (or, with --student-hidden and no --warmstart, from a random init)."""
+
+    arm: str = field(metadata={"help": "slice, dense, core, confined or randcomp"})
+    warmstart: Path | None = field(default=None, metadata={"help": "LRC state directory of the warm start"})
+    student_hidden: int | None = field(default=None, metadata={"help": "student hidden size r, to start from a fresh init (no --warmstart)"})
+
+
+def _recipe(args: RecipeArgs) -> RecipeArgs:
+    return RecipeArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RecipeArgs)})
+
+
+def _teacher_tokenizer(teacher_dir: Path) -> Any:
+    if (teacher_dir / "tokenizer_config.json").is_file() or (teacher_dir / "tokenizer.json").is_file():
+        from lrc.data import load_tokenizer
+
+        return load_tokenizer(teacher_dir)
+    return None
+
+
+def _load(args: _DistillCommon):
+    from lrc.data import check_vocab
+    from lrc.spectral import load_bases
+    from lrc.student import load_teacher
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    teacher = load_teacher(args.teacher)
+    bases = load_bases(args.bases) if args.bases is not None else None
+    if args.init == "spectral" and bases is None:
+        from lrc.spectral import compute_bases
+
+        bases = compute_bases(teacher)
+    dataset = open_token_data(args.data, tokenizer=_teacher_tokenizer(args.teacher))
+    check_vocab(dataset, teacher)
+    return teacher, bases, dataset
+
+
+def _train_and_save(command: str, args: _DistillCommon, teacher, student, dataset, **meta) -> None:
+    from lrc.student import save_lrc_state
+
+    targs = train_args_from(args)
+    if targs.ckpt_dir is None:
+        targs.ckpt_dir = default_ckpt_dir(args.out)
+    objective = CloneObjective(teacher, student, _recipe(args))
+    summary = train(objective, student, dataset, targs, args.out)
+    objective.close()
+    if not is_main_process():
+        return
+    metrics = Path(args.out) / METRICS_FILE
+    with atomic_dir(args.out) as tmp:
+        save_lrc_state(student, tmp, command=command, recipe=args.recipe, tokens=summary["tokens"], teacher=str(args.teacher), **meta)
+        if metrics.is_file():
+            shutil.copyfile(metrics, tmp / METRICS_FILE)
+        write_settings(tmp, command, args, training=summary)
+    print(f"{command}: wrote {args.out}")
+
+
+def main_warmstart(argv: Sequence[str] | None = None) -> int:
+    from lrc.student import build_student
+
+    args = parse_args(WarmstartArgs, argv, prog="lrc warmstart")
+    teacher, bases, dataset = _load(args)
+    student = build_student(teacher, args.student_hidden, init=args.init, init_std=args.init_std, bases=bases, seed=args.seed, norm_eps=args.norm_eps)
+    _train_and_save("warmstart", args, teacher, student, dataset)
+    return 0
+
+
+def main_distill(argv: Sequence[str] | None = None) -> int:
+    from lrc.reach import ARMS, apply_arm, arm_of
+    from lrc.student import build_student, load_lrc_state
+
+    args = parse_args(DistillArgs, argv, prog="lrc distill")
+    check_choice("--arm", args.arm, ARMS)
+    if (args.warmstart is None) == (args.student_hidden is None):
+        raise LRCError("give exactly one of --warmstart (continue a warm start) and --student-hidden (start from a fresh init)")
+    teacher, bases, dataset = _load(args)
+    if args.warmstart is not None:
+        student = load_lrc_state(args.warmstart, teacher, bases)
+        if arm_of(student) != "slice":
+            raise LRCError(f"--warmstart {args.warmstart} holds a {arm_of(student)!r} student; a warm start is a slice student")
+    else:
+        student = build_student(teacher, args.student_hidden, init=args.init, init_std=args.init_std, bases=bases, seed=args.seed, norm_eps=args.norm_eps)
+    apply_arm(student, teacher, args.arm, bases=bases, seed=args.seed)
+    _train_and_save("distill", args, teacher, student, dataset, arm=args.arm, warmstart=str(args.warmstart) if args.warmstart else None)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return main_distill(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
