@@ -1,24 +1,31 @@
 # Shared helpers: config validation, paths, run names, config sections -> command-line flags.
 
 import itertools
-import json
 import re
 import shlex
 from pathlib import Path
 
+import jsonschema
+import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 
-# Refuse a bad config before any job runs, naming the key and the reason.
-try:
-    validate(config, "../schemas/config.schema.yaml")
-except WorkflowError as err:
-    cause = next((a for a in err.args if hasattr(a, "absolute_path")), None)
-    if cause is None:
-        raise
-    key = ".".join(str(p) for p in cause.absolute_path) or "(top level)"
-    raise WorkflowError(f"invalid config at {key}: {cause.message}") from None
+# Refuse a bad config before any job runs, naming every offending key and the reason; then let
+# Snakemake's validate fill in the schema's defaults.
+def config_errors(config, schema_file):
+    schema = yaml.safe_load(Path(schema_file).read_text())
+    errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
+    return [
+        f"at {'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
+        for e in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path])
+    ]
+
+
+SCHEMA_FILE = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
+if problems := config_errors(config, SCHEMA_FILE):
+    raise WorkflowError("invalid config " + "\ninvalid config ".join(problems))
+validate(config, "../schemas/config.schema.yaml")
 
 
 EXPS = config["experiments"]

@@ -6,6 +6,7 @@ rule merge:
         teacher="results/{exp}/teacher",
         bases="results/{exp}/svd",
         state=f"results/{{exp}}/distill/{RUN}",
+        data="results/{exp}/data/corpus",
     output:
         directory(f"results/{{exp}}/merged/{RUN}"),
     params:
@@ -22,4 +23,4 @@ rule merge:
         runtime=res("merge", "runtime"),
     shell:
         "OMP_NUM_THREADS={threads} lrc merge --teacher {input.teacher} --bases {input.bases}"
-        " --state {input.state} --out {output} {params.flags} > {log} 2>&1"
+        " --state {input.state} --data {input.data}/valid --out {output} {params.flags} > {log} 2>&1"
