@@ -77,7 +77,7 @@ def test_flag_sections_name_real_options(path):
     missing = set()
     for exp, settings in load(path)["experiments"].items():
         sections = [(".".join(keys), command, _get(settings, keys)) for keys, command in SECTIONS.items()]
-        sections += [(f"distill.recipe.{r}", "distill", f) for r, f in settings["distill"].get("recipe", {}).items()]
+        sections += [(f"loss.{r}", c, f) for r, f in settings.get("loss", {}).items() for c in ("warmstart", "distill")]
         for where, command, section in sections:
             if not section:
                 continue
@@ -112,7 +112,7 @@ def test_paper_configs_follow_method():
         train = x["distill"]["train"]
         assert train["lr"] == pytest.approx(lr) and x["warmstart"]["lr"] == pytest.approx(lr)
         assert train["batch_size"] * x["data"]["corpus"]["seq_len"] == tokens_per_step
-        assert x["distill"]["recipe"]["lrc"] == {"alpha": alpha, "temperature": 40.0}
+        assert x["loss"]["lrc"] == {"alpha": alpha, "temperature": 40.0}
         assert x["warmstart"]["tokens"] + x["distill"]["tokens"][0] == 10_000_000_000
         assert {"slice", "dense", "core"} <= set(x["distill"]["arms"])
 

@@ -3,6 +3,7 @@ rule hands its command, refusal of a bad config, and an end-to-end run of the wh
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -21,7 +22,9 @@ PAPER = sorted((ROOT / "config" / "paper").glob("*.yaml"))
 
 def snakemake(*args, cwd=ROOT, timeout=300):
     cmd = [sys.executable, "-m", "snakemake", *map(str, args)]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    # The rules run `python -m lrc.cli`: the python of this environment, activated or not.
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def job_counts(output: str) -> dict[str, int]:

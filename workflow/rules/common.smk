@@ -95,11 +95,16 @@ def section(*keys):
     return flags
 
 
+def recipe_flags(wildcards):
+    return cli_args(X(wildcards.exp).get("loss", {}).get(wildcards.recipe))
+
+
+def warmstart_flags(wildcards):
+    return " ".join(filter(None, [cli_args(X(wildcards.exp)["warmstart"]), recipe_flags(wildcards)]))
+
+
 def distill_flags(wildcards):
-    d = X(wildcards.exp)["distill"]
-    return " ".join(
-        filter(None, [cli_args(d.get("train")), cli_args(d.get("recipe", {}).get(wildcards.recipe))])
-    )
+    return " ".join(filter(None, [cli_args(X(wildcards.exp)["distill"].get("train")), recipe_flags(wildcards)]))
 
 
 # Resources come from experiments/{exp}/resources/{stage}, with the schema's defaults.

@@ -5,7 +5,7 @@ rule distill:
     input:
         teacher="results/{exp}/teacher",
         bases="results/{exp}/svd",
-        warmstart="results/{exp}/warmstart",
+        warmstart="results/{exp}/warmstart/{recipe}",
         data="results/{exp}/data/corpus",
     output:
         directory(f"results/{{exp}}/distill/{RUN}"),

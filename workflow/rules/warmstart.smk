@@ -1,4 +1,5 @@
-# The one LRC warm start (plain LRC, slice arm) that every arm continues from.
+# The warm start (slice arm) that every arm of a recipe continues from: one per recipe, since
+# the kl recipe's 2x2 starts from its own KL-only run, not from the lrc one.
 
 
 rule warmstart:
@@ -7,14 +8,14 @@ rule warmstart:
         bases="results/{exp}/svd",
         data="results/{exp}/data/corpus",
     output:
-        directory("results/{exp}/warmstart"),
+        directory("results/{exp}/warmstart/{recipe}"),
     params:
         hidden=lambda wildcards: X(wildcards.exp)["student"]["hidden_size"],
-        flags=section("warmstart"),
+        flags=warmstart_flags,
     log:
-        "logs/{exp}/warmstart.log",
+        "logs/{exp}/warmstart/{recipe}.log",
     benchmark:
-        "benchmarks/{exp}/warmstart.tsv"
+        "benchmarks/{exp}/warmstart/{recipe}.tsv"
     conda:
         "../envs/lrc.yaml"
     threads: res("warmstart", "threads")
@@ -25,5 +26,5 @@ rule warmstart:
         accelerate=res("warmstart", "accelerate"),
     shell:
         "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate} warmstart --teacher {input.teacher} --bases {input.bases}"
-        " --data {input.data} --student-hidden {params.hidden} --out {output}"
+        " --data {input.data} --recipe {wildcards.recipe} --student-hidden {params.hidden} --out {output}"
         " --ckpt-dir $(ckpt_dir {output} {params.flags:q} {input}) {params.flags} > {log} 2>&1"
