@@ -17,9 +17,14 @@ teacher's storage when dtypes agree, fp32 factors otherwise get an fp32 copy).
 
 Factor init: ``"normal"`` = the reference's N(0, init_std) for every factor (seeded);
 ``"spectral"`` = one shared orthonormal projection ``V_r [H, r]``, the top-r right singular
-vectors of the teacher's embedding matrix (``bases.embed_V``), used for every factor
-(``A = V_r``, ``B = P = P_down = P_emb = V_rᵀ``): the student starts as the teacher with its
-residual stream projected onto those r directions. Norm gains stay 1 (not folded in).
+vectors of the teacher's embedding matrix (``bases.embed_V``, :mod:`lrc.spectral`): the
+student starts as the teacher with its residual stream projected onto those r directions.
+Factors that write into the residual stream (embedding, o, down) are ``V_rᵀ``; factors
+that read it through an RMSNorm (q/k/v, gate/up, and an untied head) are
+``diag(g)·V_r·sqrt(H/r)`` with g the teacher's norm gain there (the student's own norms
+start at 1) and sqrt(H/r) the change of an RMS over r instead of H coordinates when the
+stream's energy lies in the span. A tied head shares ``V_rᵀ`` with the embedding, so the
+final norm gain is not folded in. At r = H this is the teacher exactly (up to rotation).
 
 LRC state directory: ``student.safetensors`` (trainable tensors, frozen biases, the
 full-reach arms' P_down buffer; shared tensors stored once) and ``lrc.json`` (arm, r, eps,
@@ -101,30 +106,46 @@ def _frozen(t: torch.Tensor) -> torch.Tensor:
 
 
 def _register(module: nn.Module, factor: torch.Tensor, param_module: nn.Module) -> None:
-    module.weight = nn.Parameter(factor, requires_grad=True)
+    module.weight = nn.Parameter(factor.contiguous(), requires_grad=True)
     parametrize.register_parametrization(module, "weight", param_module, unsafe=True)
 
 
-def _init_factors(teacher, r: int, init: str, init_std: float, bases, seed: int):
-    """A function ``make(shape_kind)`` returning a fresh factor: 'HxR' or 'RxH'."""
+def spectral_projection(teacher, r: int, bases=None) -> torch.Tensor:
+    """``V_r [H, r]``: the top-r right singular vectors of the teacher's embedding matrix."""
     H = teacher.config.hidden_size
-    if init == "normal":
-        g = torch.Generator().manual_seed(seed)
-
-        def make(kind):
-            shape = (H, r) if kind == "HxR" else (r, H)
-            return torch.randn(*shape, generator=g, dtype=FACTOR_DTYPE) * init_std
-
-        return make
     if bases is not None:
-        v = bases.embed_V[:, :r].to(FACTOR_DTYPE)
+        if tuple(bases.embed_V.shape) != (H, H):
+            raise LRCError(f"spectral init: embedding basis has shape {tuple(bases.embed_V.shape)}, teacher hidden size is {H}")
+        v = bases.embed_V
     else:
         from lrc.spectral import embedding_right_basis
 
-        v = embedding_right_basis(teacher)[0][:, :r].to(FACTOR_DTYPE)
-    if v.shape != (H, r):
-        raise LRCError(f"spectral init: embedding basis has shape {tuple(bases.embed_V.shape)}, teacher hidden size is {H}")
-    return lambda kind: (v if kind == "HxR" else v.T).clone().contiguous()
+        v = embedding_right_basis(teacher)[0]
+    return v[:, :r].to(FACTOR_DTYPE).contiguous()
+
+
+class _FactorInit:
+    """Fresh factors: ``input_side(gain)`` ([H, r], read the residual stream through a norm)
+    and ``output_side()`` ([r, H], write into it / embed)."""
+
+    def __init__(self, teacher, r, init, init_std, bases, seed):
+        self.H, self.r, self.init, self.std = teacher.config.hidden_size, r, init, init_std
+        self.g = torch.Generator().manual_seed(seed)
+        self.v = spectral_projection(teacher, r, bases) if init == "spectral" else None
+
+    def _normal(self, *shape):
+        return torch.randn(*shape, generator=self.g, dtype=FACTOR_DTYPE) * self.std
+
+    def input_side(self, gain: torch.Tensor | None) -> torch.Tensor:
+        if self.v is None:
+            return self._normal(self.H, self.r)
+        # diag(g) V_r sqrt(H/r): the teacher's norm gain, and the RMS of an r-vector that
+        # carries all of an H-vector's energy being sqrt(H/r) larger.
+        g = torch.ones(self.H) if gain is None else gain.detach().to("cpu", FACTOR_DTYPE)
+        return (g[:, None] * self.v) * (self.H / self.r) ** 0.5
+
+    def output_side(self) -> torch.Tensor:
+        return self._normal(self.r, self.H) if self.v is None else self.v.T.clone()
 
 
 def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: float = 0.02, bases=None, seed: int = 0, norm_eps: float | None = None):
@@ -137,27 +158,28 @@ def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: 
     torch.manual_seed(seed)  # the throw-away random init of the HF class, reproducible
     student = type(teacher)(cfg).to(FACTOR_DTYPE)
     device = teacher.model.embed_tokens.weight.device
-    make = _init_factors(teacher, hidden_size, init, init_std, bases, seed)
+    make = _FactorInit(teacher, hidden_size, init, init_std, bases, seed)
 
     for s_layer, t_layer in zip(student.model.layers, teacher.model.layers):
         s_attn, t_attn = s_layer.self_attn, t_layer.self_attn
+        attn_gain, mlp_gain = t_layer.input_layernorm.weight, t_layer.post_attention_layernorm.weight
         for name in ("q_proj", "k_proj", "v_proj"):
             s_proj, t_proj = getattr(s_attn, name), getattr(t_attn, name)
-            _register(s_proj, make("HxR"), TeacherTimesFactor(_frozen(t_proj.weight)))
+            _register(s_proj, make.input_side(attn_gain), TeacherTimesFactor(_frozen(t_proj.weight)))
             if t_proj.bias is not None:
                 s_proj.bias = nn.Parameter(_frozen(t_proj.bias).clone(), requires_grad=False)
-        _register(s_attn.o_proj, make("RxH"), FactorTimesTeacher(_frozen(t_attn.o_proj.weight)))
+        _register(s_attn.o_proj, make.output_side(), FactorTimesTeacher(_frozen(t_attn.o_proj.weight)))
         s_mlp, t_mlp = s_layer.mlp, t_layer.mlp
-        _register(s_mlp.gate_proj, make("RxH"), TeacherTimesFactorT(_frozen(t_mlp.gate_proj.weight)))
-        _register(s_mlp.up_proj, make("RxH"), TeacherTimesFactorT(_frozen(t_mlp.up_proj.weight)))
-        _register(s_mlp.down_proj, make("RxH"), FactorTimesTeacher(_frozen(t_mlp.down_proj.weight)))
+        _register(s_mlp.gate_proj, make.input_side(mlp_gain).T, TeacherTimesFactorT(_frozen(t_mlp.gate_proj.weight)))
+        _register(s_mlp.up_proj, make.input_side(mlp_gain).T, TeacherTimesFactorT(_frozen(t_mlp.up_proj.weight)))
+        _register(s_mlp.down_proj, make.output_side(), FactorTimesTeacher(_frozen(t_mlp.down_proj.weight)))
 
-    emb_factor = make("RxH")
+    emb_factor = make.output_side()
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     # Untie the Parameter objects first: registering rewrites the stored tensor in place.
     student.lm_head.weight = nn.Parameter(torch.empty(0))
     _register(student.model.embed_tokens, emb_factor, TeacherTimesFactorT(_frozen(teacher.model.embed_tokens.weight)))
-    _register(student.lm_head, emb_factor.clone() if tied else make("RxH"), TeacherTimesFactorT(_frozen(teacher.lm_head.weight)))
+    _register(student.lm_head, emb_factor.clone() if tied else make.input_side(teacher.model.norm.weight).T, TeacherTimesFactorT(_frozen(teacher.lm_head.weight)))
     if tied:
         student.lm_head.parametrizations.weight.original = student.model.embed_tokens.parametrizations.weight.original
 

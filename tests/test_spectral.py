@@ -1,0 +1,105 @@
+"""Teacher bases (`lrc svd`) and the spectral factor init."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_teacher
+
+import lrc.student
+from lrc.errors import LRCError
+from lrc.spectral import compute_bases, load_bases, mlp_teacher_matrix, save_bases
+from lrc.student import build_student, student_config
+
+H = 32
+
+
+def test_bases_round_trip_and_shapes(tmp_path):
+    teacher = make_teacher("llama-untied")
+    bases = compute_bases(teacher)
+    save_bases(bases, tmp_path)
+    again = load_bases(tmp_path)
+    assert set(again.U) == {f"{i}.{k}" for i in range(2) for k in ("gate", "up", "down")}
+    for key, u in bases.U.items():
+        assert u.shape == (96, H) and u.dtype == torch.float32
+        assert torch.equal(again.U[key], u) and torch.equal(again.S[key], bases.S[key])
+    assert torch.equal(again.embed_V, bases.embed_V) and again.embed_V.shape == (H, H)
+    assert again.meta["complement"].startswith("Householder")
+    with pytest.raises(LRCError, match="lrc svd"):
+        load_bases(tmp_path / "missing")
+
+
+def test_bases_are_the_singular_vectors_with_fixed_signs():
+    teacher = make_teacher("qwen2-tied")
+    bases = compute_bases(teacher)
+    for kind in ("gate", "down"):
+        t = mlp_teacher_matrix(teacher, 0, kind).double()
+        u, s = bases.basis(0, kind).double(), bases.S[f"0.{kind}"].double()
+        torch.testing.assert_close(s, torch.linalg.svdvals(t), rtol=1e-5, atol=1e-6)
+        # U Uᵀ T = T: the columns span T's column space (row space of down_proj)
+        torch.testing.assert_close(u @ (u.T @ t), t, rtol=0, atol=1e-5)
+        idx = u.abs().argmax(0)
+        assert torch.all(u[idx, torch.arange(H)] > 0)
+
+
+def test_complement_is_orthonormal_and_orthogonal_to_the_basis():
+    bases = compute_bases(make_teacher("llama-tied"))
+    u = bases.basis(1, "up")
+    refl, tau = bases.complement(1, "up")
+    eye = torch.eye(96)
+    q = torch.ormqr(refl, tau, eye)  # the full Householder Q
+    torch.testing.assert_close(q.T @ q, eye, atol=1e-5, rtol=0)
+    perp = q[:, H:]
+    assert (u.T @ perp).abs().max() < 1e-5
+    # Q's first H columns are U up to signs
+    torch.testing.assert_close((q[:, :H] * (q[:, :H] * u).sum(0).sign()), u, atol=1e-5, rtol=0)
+
+
+def test_spectral_factors_are_the_documented_ones():
+    teacher = make_teacher("llama-untied")
+    bases = compute_bases(teacher)
+    r = 20
+    student = build_student(teacher, r, init="spectral", bases=bases)
+    v = bases.embed_V[:, :r]
+    torch.testing.assert_close(student.model.embed_tokens.weight, teacher.model.embed_tokens.weight @ v)
+    torch.testing.assert_close(student.model.layers[0].self_attn.o_proj.parametrizations.weight.original, v.T)
+    g = teacher.model.layers[1].post_attention_layernorm.weight
+    want = ((g[:, None] * v) * (H / r) ** 0.5).T
+    torch.testing.assert_close(student.model.layers[1].mlp.gate_proj.parametrizations.weight.original, want)
+    # without precomputed bases the same projection is computed from the teacher
+    again = build_student(teacher, r, init="spectral")
+    torch.testing.assert_close(again.model.embed_tokens.weight, student.model.embed_tokens.weight, rtol=0, atol=1e-6)
+
+
+def test_spectral_student_starts_near_the_teacher(token_batch):
+    for kind in ("llama-untied", "qwen2-tied"):
+        teacher = make_teacher(kind)
+        ref = teacher(input_ids=token_batch).logits
+        errs = {}
+        for init in ("spectral", "normal"):
+            out = build_student(teacher, H - 1, init=init)(input_ids=token_batch).logits
+            errs[init] = ((out - ref).norm() / ref.norm()).item()
+        assert errs["spectral"] < 0.5 < 0.9 < errs["normal"], (kind, errs)
+
+
+def test_spectral_init_at_full_width_is_the_teacher(monkeypatch, token_batch):
+    """At r = H the projection is a rotation: the untied student computes the teacher."""
+    teacher = make_teacher("qwen2-untied")
+
+    def full_width(cfg, r, eps=None):  # build_student refuses r = H; lift only that check
+        out = student_config(cfg, H - 1, eps)
+        out.hidden_size = H
+        return out
+
+    monkeypatch.setattr(lrc.student, "student_config", full_width)
+    student = build_student(teacher, H, init="spectral")
+    diff = (student(input_ids=token_batch).logits - teacher(input_ids=token_batch).logits).abs().max()
+    assert diff < 1e-5
+
+
+def test_mismatched_bases_are_refused():
+    bases = compute_bases(make_teacher("llama-tied"))
+    other = make_teacher("llama-tied")
+    other.config.intermediate_size = 80  # pretend a different teacher
+    with pytest.raises(LRCError, match="do not match"):
+        bases.check_matches(other)
