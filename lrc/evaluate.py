@@ -43,6 +43,7 @@ class EvaluateArgs:
     limit: float | None = field(default=None, metadata={"help": "lm-eval limit: documents per task (or a fraction if < 1)"})
     num_fewshot: int = field(default=0, metadata={"help": "few-shot examples (the paper: 0)"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N, or auto"})
+    threads: int | None = field(default=None, metadata={"help": "CPU threads for torch (default: torch's own choice)"})
     name: str | None = field(default=None, metadata={"help": "model name in the JSON (default: the directory name)"})
 
     def __post_init__(self) -> None:
@@ -129,6 +130,19 @@ def lm_eval_call(args: EvaluateArgs, tasks: dict[str, dict[str, Any]], include_d
         "torch_random_seed": 1234,
         "fewshot_random_seed": 1234,
     }
+
+
+def check_tasks_known(manager: Any, tasks: dict[str, dict[str, Any]]) -> None:
+    """Refuse, before any dataset is fetched, a task lm-eval does not know or a metric it
+    does not compute for that task (a group's aggregate metric counts)."""
+    for name, spec in tasks.items():
+        entry = manager.task_index.get(name)
+        if entry is None:
+            raise LRCError(f"lm-eval has no task or group named {name!r}")
+        cfg = entry.cfg or {}
+        metrics = [m.get("metric") for m in (cfg.get("metric_list") or cfg.get("aggregate_metric_list") or [])]
+        if spec["metric"] not in metrics:
+            raise LRCError(f"lm-eval task {name!r} does not compute {spec['metric']!r} (it computes {metrics})")
 
 
 def read_lm_eval_results(results: dict[str, Any], tasks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -240,6 +254,9 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
     from lrc.data import check_vocab, load_tokenizer
     from lrc.provenance import provenance
 
+    if args.threads:
+        # On a shared CPU, fewer threads than torch's default avoid oversubscription stalls.
+        torch.set_num_threads(args.threads)
     suite = load_suite(args.suite)
     tasks = selected_tasks(suite, args.tasks)
     device = resolve_device(args.device)
@@ -249,6 +266,7 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="lrc-eval-") as tmp:
         include = prepare_include_dir(args.tasks_dir, list(tasks), Path(tmp)) if args.suite == "tiny" else None
         call = lm_eval_call(args, tasks, include)
+        check_tasks_known(call["task_manager"], tasks)
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size, device=str(device),
                   trust_remote_code=False)
         results = lm_eval.simple_evaluate(model=lm, **call)

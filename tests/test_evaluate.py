@@ -1,0 +1,156 @@
+"""`lrc evaluate`: the tiny suite through real lm-eval, the paper suite's call, held-out measures."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from lrc.errors import LRCError
+from lrc.evaluate import (
+    EvaluateArgs,
+    check_tasks_known,
+    heldout_measures,
+    lm_eval_call,
+    main,
+    selected_tasks,
+    load_suite,
+)
+
+PAPER = {"arc_easy": "acc", "arc_challenge": "acc_norm", "logiqa": "acc_norm", "commonsense_qa": "acc", "piqa": "acc",
+         "winogrande": "acc", "boolq": "acc", "sciq": "acc", "mmlu": "acc"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from lrc.world import main as world_main
+
+    out = tmp_path_factory.mktemp("w") / "world"
+    world_main(["--out", str(out), "--seed", "1", "--size", "test"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoint(world, tmp_path_factory):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**json.loads((world / "teacher_config.json").read_text())))
+    with torch.no_grad():  # sharper than the default init, so choices are not near-ties
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.normal_(0, 0.2)
+    out = tmp_path_factory.mktemp("m") / "model"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(world / "tokenizer")).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def heldout(world, tmp_path_factory):
+    from lrc.data import TokenizeArgs, tokenize
+
+    out = tmp_path_factory.mktemp("d")
+    return tokenize(TokenizeArgs(tokenizer=str(world / "tokenizer"), source=str(world / "corpus/train.jsonl"),
+                                 valid_source=str(world / "corpus/valid.jsonl"), out=out, seq_len=32))["valid"]
+
+
+def _own_loglikelihoods(model, tok, doc):
+    """Sum of log-probs of each choice after the context, computed here without lm-eval."""
+    ctx = tok(doc["context"], add_special_tokens=False)["input_ids"]
+    out = []
+    for choice in doc["choices"]:
+        whole = tok(doc["context"] + choice, add_special_tokens=False)["input_ids"]
+        assert whole[:len(ctx)] == ctx
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([whole])).logits[0, :-1].float(), -1)
+        out.append(sum(logp[i - 1, whole[i]].item() for i in range(len(ctx), len(whole))))
+    return out
+
+
+def test_tiny_suite_end_to_end(world, checkpoint, heldout, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.chdir(tmp_path)  # the task YAMLs must not depend on the working directory
+    out = tmp_path / "eval" / "model.json"
+    start = time.time()
+    rc = main([str(checkpoint), "--tasks-dir", str(world / "tasks"), "--heldout", str(heldout),
+               "--teacher", str(checkpoint), "--batch-size", "8", "--threads", "1", "--out", str(out), "--name", "rand"])
+    elapsed = time.time() - start
+    assert rc == 0 and elapsed < 60
+    record = json.loads(out.read_text())
+    assert [p.name for p in out.parent.iterdir()] == ["model.json"]
+    assert record["model"] == "rand" and record["suite"] == "tiny"
+    suite = load_suite("tiny")["tasks"]
+    assert set(record["tasks"]) == set(suite)
+    for name, entry in record["tasks"].items():
+        assert entry["metric"] == suite[name]["metric"] and entry["chance"] == 1 / suite[name]["choices"]
+        assert entry["value"] == entry[entry["metric"]] and 0 <= entry["value"] <= 1 and entry["stderr"] > 0
+    values = [t["value"] for t in record["tasks"].values()]
+    assert record["aggregate"] == {"name": "Avg", "value": pytest.approx(sum(values) / len(values))}
+    assert record["lm_eval"]["num_fewshot"] == 0 and record["lm_eval"]["batch_size"] == 8 and record["lm_eval"]["version"]
+
+    # lm-eval's accuracy and gold log-likelihood agree with a direct computation.
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint)).eval()
+    tok = AutoTokenizer.from_pretrained(str(checkpoint))
+    docs = [json.loads(line) for line in (world / "tasks/world_facts.jsonl").read_text().splitlines()]
+    lls = [_own_loglikelihoods(model, tok, d) for d in docs]
+    acc = sum(max(range(len(ll)), key=ll.__getitem__) == d["gold"] for ll, d in zip(lls, docs)) / len(docs)
+    assert record["tasks"]["world_facts"]["acc"] == pytest.approx(acc)
+    gold = sum(ll[d["gold"]] for ll, d in zip(lls, docs)) / len(docs)
+    assert record["tasks"]["world_facts"]["answer_logprob"] == pytest.approx(gold, abs=1e-3)
+
+    extra = record["extra"]
+    assert extra["kl_to_teacher"] == pytest.approx(0.0, abs=1e-6)  # the model is its own teacher
+    assert extra["perplexity"] > 1
+
+
+def test_heldout_perplexity_matches_the_models_own_loss():
+    from tests.conftest import make_teacher
+
+    model, other = make_teacher("llama-tied", seed=0), make_teacher("llama-tied", seed=1)
+    rows = torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(0))
+    masks = torch.ones_like(rows, dtype=torch.bool)
+    got = heldout_measures(model, rows, masks, teacher=other, batch_size=2)
+    with torch.no_grad():
+        loss = model(rows, labels=rows).loss.item()
+        p = torch.log_softmax(other(rows).logits[:, :-1], -1)
+        q = torch.log_softmax(model(rows).logits[:, :-1], -1)
+        kl = (p.exp() * (p - q)).sum(-1).mean().item()
+    assert got["perplexity"] == pytest.approx(torch.exp(torch.tensor(loss)).item(), rel=1e-5)
+    assert got["kl_to_teacher"] == pytest.approx(kl, rel=1e-5) and kl > 0
+    masks[:, 6:] = False  # only positions whose target is counted enter the average
+    part = heldout_measures(model, rows, masks)
+    with torch.no_grad():
+        loss5 = model(rows[:, :6], labels=rows[:, :6]).loss.item()
+    assert part["perplexity"] == pytest.approx(torch.exp(torch.tensor(loss5)).item(), rel=1e-5)
+
+
+def test_paper_suite_builds_the_right_lm_eval_call(tmp_path):
+    args = EvaluateArgs(model=str(tmp_path), out=tmp_path / "e.json", suite="paper", batch_size=32, limit=100)
+    tasks = selected_tasks(load_suite("paper"), None)
+    assert {k: v["metric"] for k, v in tasks.items()} == PAPER
+    call = lm_eval_call(args, tasks, None)
+    assert call["tasks"] == list(PAPER) and call["num_fewshot"] == 0
+    assert call["batch_size"] == 32 and call["limit"] == 100 and call["log_samples"]
+    check_tasks_known(call["task_manager"], tasks)  # every name and metric is lm-eval's own
+    with pytest.raises(LRCError, match="does not compute 'acc_norm'"):
+        check_tasks_known(call["task_manager"], {"winogrande": {"metric": "acc_norm"}})
+    with pytest.raises(LRCError, match="no task or group named 'arc_medium'"):
+        check_tasks_known(call["task_manager"], {"arc_medium": {"metric": "acc"}})
+
+
+def test_bad_input_is_named(world, checkpoint, tmp_path):
+    with pytest.raises(LRCError, match="--suite tiny needs --tasks-dir"):
+        main([str(checkpoint), "--out", str(tmp_path / "e.json")])
+    with pytest.raises(LRCError, match=r"--tasks \['world_nope'\] not in suite 'tiny'"):
+        main([str(checkpoint), "--tasks-dir", str(world / "tasks"), "--tasks", "world_nope", "--out", str(tmp_path / "e.json")])
+    with pytest.raises(LRCError, match="--model .*missing is not a checkpoint directory"):
+        main([str(tmp_path / "missing"), "--tasks-dir", str(world / "tasks"), "--out", str(tmp_path / "e.json")])
+    empty = tmp_path / "tasks"
+    empty.mkdir()
+    with pytest.raises(LRCError, match="has no task file world_facts.yaml"):
+        main([str(checkpoint), "--tasks-dir", str(empty), "--out", str(tmp_path / "e.json")])
+    assert not (tmp_path / "e.json").exists()
