@@ -1,0 +1,69 @@
+"""`lrc download` against a local stand-in of the hub cache, offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lrc.download import main
+from lrc.errors import LRCError
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _fake_hub_repo(cache, repo_id, *, safetensors=True):
+    """A hub-cache snapshot as huggingface_hub lays it out, with a decoy pickle beside the weights."""
+    from tests.conftest import make_teacher
+
+    root = cache / ("models--" + repo_id.replace("/", "--"))
+    snap = root / "snapshots" / COMMIT
+    snap.mkdir(parents=True)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(COMMIT)
+    model = make_teacher("llama-untied")
+    model.save_pretrained(snap)
+    if not safetensors:
+        for f in snap.glob("*.safetensors"):
+            f.unlink()
+    torch.save({"w": torch.zeros(2)}, snap / "pytorch_model.bin")
+    (snap / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 64}))
+    (snap / "README.md").write_text("not wanted")
+    return model
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path / "hub"
+
+
+def test_downloads_safetensors_config_tokenizer_only(offline, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    teacher = _fake_hub_repo(offline, "org/tiny")
+    out = tmp_path / "teacher"
+    assert main(["--repo-id", "org/tiny", "--revision", "main", "--cache-dir", str(offline), "--out", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert "model.safetensors" in names and "config.json" in names and "tokenizer_config.json" in names
+    assert "pytorch_model.bin" not in names and "README.md" not in names
+    assert json.loads((out / "settings.json").read_text())["commit"] == COMMIT
+    loaded = AutoModelForCausalLM.from_pretrained(str(out), use_safetensors=True)
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, teacher(ids).logits)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hub", "teacher"]  # no temporary left
+
+
+def test_pickle_only_repo_is_refused(offline, tmp_path):
+    _fake_hub_repo(offline, "org/pickles", safetensors=False)
+    with pytest.raises(LRCError, match="'org/pickles' at revision 'main' has no safetensors weights"):
+        main(["--repo-id", "org/pickles", "--revision", "main", "--cache-dir", str(offline), "--out", str(tmp_path / "t")])
+    assert not (tmp_path / "t").exists()
+
+
+def test_no_network_names_the_repo(offline, tmp_path):
+    with pytest.raises(LRCError, match=r"(?s)cannot download 'org/absent' at revision 'v1'.*HF_HUB_OFFLINE"):
+        main(["--repo-id", "org/absent", "--revision", "v1", "--cache-dir", str(offline), "--out", str(tmp_path / "t")])
+    assert not (tmp_path / "t").exists()
