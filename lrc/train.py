@@ -301,6 +301,7 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     first_bad_what: torch.Tensor | None = None
     last: dict[str, float] = {}
     t_window, t_start = time.perf_counter(), time.perf_counter()
+    cpu_window = time.process_time()  # CPU seconds of this process: robust to a busy machine
     tokens_per_step = args.batch_size * seq_len
     trainable_params = [p for _, p in params]
 
@@ -344,9 +345,10 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
             values = mean.tolist()  # the one host sync per log window
             now = time.perf_counter()
             tok_s = window_steps * tokens_per_step / max(now - t_window, 1e-9)
+            cpu_per_step = (time.process_time() - cpu_window) / window_steps
             last = {"loss": values[0]} | dict(zip(term_names, values[1:-1])) | {"grad_norm": values[-1]}
             record = {"step": done_step, "tokens": done_step * tokens_per_step, **last,
-                      "lr": lr_used, "tokens_per_s": tok_s, "elapsed_s": now - t_start}
+                      "lr": lr_used, "tokens_per_s": tok_s, "cpu_s_per_step": cpu_per_step, "elapsed_s": now - t_start}
             if accelerator.is_main_process:
                 with open(metrics_path, "a") as fh:
                     fh.write(json.dumps(record) + "\n")
@@ -357,7 +359,7 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
                 if bar is not None:
                     bar.update(window_steps * tokens_per_step)
                     bar.set_postfix(loss=f"{values[0]:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
-            window_sum, window_steps, t_window = None, 0, time.perf_counter()
+            window_sum, window_steps, t_window, cpu_window = None, 0, time.perf_counter(), time.process_time()
         if is_ckpt:
             _save_checkpoint(accelerator, bare, ckpt_dir, done_step, fingerprint, fsdp)
 
@@ -370,7 +372,7 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
         "steps": steps, "tokens": steps * tokens_per_step, "seq_len": seq_len, "batch_size": args.batch_size,
         "num_processes": P, "grad_accumulation": accum, "final": last,
         "tokens_per_s": (steps - start_step) * tokens_per_step / wall if steps > start_step else None,
-        "peak_memory_mib": peak_memory_mib(device), "mixed_precision": mixed,
+        "peak_memory_mib": peak_memory_mib(device), "mixed_precision": mixed, "device": str(device),
     }
     if steps == 0 and latest is None:
         # Nothing trained: still leave a final state, so a rerun finds the job done.

@@ -1,0 +1,269 @@
+"""`lrc bench`: step time and peak memory of each arm next to a plain-KD baseline.
+
+Every measurement runs the real training loop (:func:`lrc.train.train`, one optimiser
+step = forward of teacher and student, backward, AdamW) on random token rows, in a fresh
+subprocess per (arm, repeat), so that the peak memory of one arm is not the leftover of
+another (on the CPU the peak is the process's max RSS, which never goes down). Repeats
+rotate the order of the arms, so a machine that slows down over the run is spread evenly.
+
+* ``kd``: the baseline, a standard HF student of the deployed shape (the teacher's config
+  at hidden size r) trained only on the teacher's logits (:class:`lrc.objectives.KDObjective`).
+* each arm: the LRC student (`slice`, or re-parameterised by :func:`lrc.reach.apply_arm`)
+  with :class:`lrc.clone.CloneObjective` (``--recipe``, default ``lrc``).
+
+Columns: median step time over all measured steps of all repeats (the first
+``--warmup-steps`` of each run are dropped), its interquartile range, the process peak
+memory, the part of it above the process's memory after imports (what the models and the
+step cost: the ratio to kd is taken on this part), trainable parameters, and how many
+times the parametrisations are evaluated per step (each parametrised weight should be
+materialised once per forward). ``--teacher`` is a checkpoint directory or a config JSON
+(a random teacher of that shape, seeded: enough for timing).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal, Sequence
+
+import torch
+
+from lrc.cli import check_choice, parse_args
+from lrc.errors import LRCError
+
+BASELINE = "kd"
+
+
+@dataclass(kw_only=True)
+class BenchArgs:
+    """Median step time and peak memory per arm vs a plain-KD student of the same shape."""
+
+    teacher: Path = field(metadata={"help": "teacher checkpoint directory, or a config JSON (random weights)"})
+    student_hidden: int = field(metadata={"help": "student hidden size r"})
+    out: Path = field(metadata={"help": "CSV file to write"})
+    arms: list[str] = field(default_factory=lambda: ["slice", "dense", "core"], metadata={"help": "arms to time (kd, the baseline, is always added)"})
+    recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe of the arms"})
+    batch_size: int = field(default=8, metadata={"help": "sequences per step (one micro-batch)"})
+    seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
+    steps: int = field(default=10, metadata={"help": "measured steps per run"})
+    warmup_steps: int = field(default=3, metadata={"help": "steps run first and not measured"})
+    repeats: int = field(default=3, metadata={"help": "runs per arm (fresh process each)"})
+    threads: int = field(default=1, metadata={"help": "torch CPU threads"})
+    precision: Literal["auto", "fp32", "bf16"] = field(default="auto", metadata={"help": "as in training: auto = fp32 on CPU, bf16 on GPU"})
+    seed: int = field(default=0, metadata={"help": "seed of the random teacher, the students and the data"})
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class RandomRows(torch.utils.data.Dataset):
+    def __init__(self, rows: int, seq_len: int, vocab: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, vocab, (rows, seq_len), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "loss_mask": torch.ones(self.ids.shape[1], dtype=torch.bool)}
+
+
+def load_bench_teacher(spec: Path, seed: int):
+    from lrc.student import freeze_teacher, load_teacher
+
+    spec = Path(spec)
+    if spec.is_dir():
+        return load_teacher(spec)
+    if spec.suffix == ".json" and spec.is_file():
+        from lrc.pretrain import load_model_config
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        return freeze_teacher(AutoModelForCausalLM.from_config(load_model_config(spec)))
+    raise LRCError(f"--teacher {spec}: neither a checkpoint directory nor a config .json file")
+
+
+def _count_parametrisation_calls(model) -> list[int]:
+    from torch.nn.utils import parametrize
+
+    counter = [0]
+    for module in model.modules():
+        if parametrize.is_parametrized(module):
+            for plist in module.parametrizations.values():
+                for p in plist:
+                    p.register_forward_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
+    return counter
+
+
+def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
+    """One timed run of ``arm`` in this process (called in a fresh subprocess)."""
+    from lrc.clone import CloneObjective, RecipeArgs
+    from lrc.objectives import KDObjective
+    from lrc.reach import apply_arm
+    from lrc.student import build_student, student_config
+    from lrc.train import TrainArgs, train
+
+    torch.set_num_threads(args.threads)
+    base_rss = _rss_mib()
+    teacher = load_bench_teacher(args.teacher, args.seed)
+    recipe = RecipeArgs(recipe=args.recipe)
+    if arm == BASELINE:
+        torch.manual_seed(args.seed)
+        student = type(teacher)(student_config(teacher.config, args.student_hidden))
+        objective = KDObjective(teacher, student, temperature=recipe.temperature, kl_reduction=recipe.kl_reduction)
+    else:
+        student = build_student(teacher, args.student_hidden, seed=args.seed)
+        apply_arm(student, teacher, arm, seed=args.seed)
+        objective = CloneObjective(teacher, student, recipe)
+    calls = _count_parametrisation_calls(student)
+    total_steps = args.steps + args.warmup_steps
+    data = RandomRows(args.batch_size * total_steps, args.seq_len, teacher.config.vocab_size, args.seed)
+    targs = TrainArgs(tokens=total_steps * args.batch_size * args.seq_len, batch_size=args.batch_size, micro_batch_size=args.batch_size,
+                      lr=1e-4, warmup=0.0, log_every=1, threads=args.threads, precision=args.precision, seed=args.seed,
+                      progress=False, ckpt_dir=work / "ckpt")
+    summary = train(objective, student, data, targs, work / "out")
+    records = [json.loads(line) for line in (work / "out" / "metrics.jsonl").read_text().splitlines()]
+    tokens_per_step = args.batch_size * args.seq_len
+    times = [tokens_per_step / r["tokens_per_s"] for r in records[args.warmup_steps:]]
+    cpu_times = [r["cpu_s_per_step"] for r in records[args.warmup_steps:]]
+    return {
+        "arm": arm,
+        "step_times_s": times,
+        "step_cpu_s": cpu_times,
+        "peak_memory_mib": summary["peak_memory_mib"],
+        "base_memory_mib": base_rss if torch.device(summary.get("device", "cpu")).type == "cpu" else 0.0,
+        "trainable_params": sum(p.numel() for p in student.parameters() if p.requires_grad),
+        "parametrisation_calls_per_step": calls[0] / total_steps,
+        "device": summary.get("device", "cpu"),
+    }
+
+
+def _worker(payload: str) -> None:
+    spec = json.loads(payload)
+    args = BenchArgs(**{k: (Path(v) if k in ("teacher", "out") else v) for k, v in spec["args"].items()})
+    with tempfile.TemporaryDirectory(prefix="lrc-bench-") as work:
+        result = run_one(spec["arm"], args, Path(work))
+    print("LRC_BENCH_RESULT " + json.dumps(result), flush=True)
+
+
+def _spawn(arm: str, args: BenchArgs) -> dict:
+    payload = json.dumps({"arm": arm, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}})
+    env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-m", "lrc.bench", "_worker", payload], capture_output=True, text=True, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith("LRC_BENCH_RESULT "):
+            return json.loads(line.split(" ", 1)[1])
+    raise LRCError(f"bench run of arm {arm!r} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def bench(args: BenchArgs) -> list[dict]:
+    from lrc.reach import ARMS
+
+    for arm in args.arms:
+        check_choice("arm", arm, ARMS)
+    for name in ("batch_size", "seq_len", "steps", "repeats", "threads", "student_hidden"):
+        if getattr(args, name) < 1:
+            raise LRCError(f"--{name.replace('_', '-')} must be >= 1")
+    arms = [BASELINE] + [a for a in dict.fromkeys(args.arms) if a != BASELINE]
+    runs: dict[str, list[dict]] = {a: [] for a in arms}
+    for rep in range(args.repeats):
+        order = arms[rep % len(arms):] + arms[: rep % len(arms)]
+        for arm in order:
+            runs[arm].append(_spawn(arm, args))
+            print(f"repeat {rep + 1}/{args.repeats} {arm}: median {1000 * statistics.median(runs[arm][-1]['step_times_s']):.1f} ms", file=sys.stderr)
+    rows = []
+    for arm in arms:
+        times = [t for r in runs[arm] for t in r["step_times_s"]]
+        cpu = [t for r in runs[arm] for t in r["step_cpu_s"]]
+        peak = max(r["peak_memory_mib"] for r in runs[arm])
+        above = max(r["peak_memory_mib"] - r["base_memory_mib"] for r in runs[arm])
+        rows.append({
+            "arm": arm,
+            "step_time_ms": 1000 * statistics.median(times),
+            "step_time_iqr_ms": 1000 * (_quantile(times, 0.75) - _quantile(times, 0.25)),
+            "step_cpu_ms": 1000 * statistics.median(cpu),
+            "tokens_per_s": args.batch_size * args.seq_len / statistics.median(times),
+            "peak_memory_mib": peak,
+            "step_memory_mib": above,
+            "trainable_params": runs[arm][0]["trainable_params"],
+            "parametrisation_calls_per_step": runs[arm][0]["parametrisation_calls_per_step"],
+            "measured_steps": len(times),
+        })
+    base = rows[0]
+    for row in rows:
+        row["time_ratio_to_kd"] = row["step_time_ms"] / base["step_time_ms"]
+        row["cpu_ratio_to_kd"] = row["step_cpu_ms"] / base["step_cpu_ms"]
+        row["memory_ratio_to_kd"] = row["step_memory_mib"] / base["step_memory_mib"]
+    return rows
+
+
+def describe(args: BenchArgs, device: str) -> dict:
+    teacher = load_bench_teacher(args.teacher, args.seed)
+    c = teacher.config
+    return {"teacher_hidden": c.hidden_size, "d_ff": c.intermediate_size, "layers": c.num_hidden_layers, "vocab": c.vocab_size,
+            "student_hidden": args.student_hidden, "batch_size": args.batch_size, "seq_len": args.seq_len,
+            "threads": args.threads, "device": device, "recipe": args.recipe}
+
+
+def write_csv(rows: list[dict], context: dict, path: Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fields = list(rows[0]) + list(context)
+    with open(tmp, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in (row | context).items()})
+    os.replace(tmp, path)
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'arm':<10}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}{'trainable':>12}{'p-calls':>9}"
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['arm']:<10}{r['step_time_ms']:>10.1f}{r['step_time_iqr_ms']:>9.1f}{r['time_ratio_to_kd']:>7.2f}{r['step_cpu_ms']:>9.1f}{r['cpu_ratio_to_kd']:>7.2f}"
+                     f"{r['peak_memory_mib']:>10.0f}{r['step_memory_mib']:>10.0f}{r['memory_ratio_to_kd']:>7.2f}"
+                     f"{r['trainable_params']:>12,}{r['parametrisation_calls_per_step']:>9.0f}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from lrc.provenance import provenance, to_jsonable
+
+    args = parse_args(BenchArgs, argv, prog="lrc bench")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    context = describe(args, device)
+    rows = bench(args)
+    write_csv(rows, context, args.out)
+    # The output is a file: its provenance goes next to it, as FILE.settings.json.
+    record = provenance("bench", args) | {"table": rows, "context": context}
+    side = Path(str(args.out) + ".settings.json")
+    side.write_text(json.dumps(to_jsonable(record), indent=2) + "\n")
+    print(format_table(rows))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "_worker":
+        _worker(sys.argv[2])
+    else:
+        raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""`lrc bench` on a tiny random teacher: the CSV, the baseline row, one materialisation per weight."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from lrc.errors import LRCError
+
+pytest.importorskip("lrc.student")
+
+
+def test_bench_writes_the_table_with_ratios_to_plain_kd(tmp_path):
+    from lrc.bench import main
+
+    cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True}
+    (tmp_path / "teacher.json").write_text(json.dumps(cfg))
+    out = tmp_path / "bench.csv"
+    assert main(["--teacher", str(tmp_path / "teacher.json"), "--student-hidden", "16", "--arms", "slice", "dense",
+                 "--steps", "3", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--seq-len", "16", "--out", str(out)]) == 0
+    rows = {r["arm"]: r for r in csv.DictReader(out.open())}
+    assert list(rows) == ["kd", "slice", "dense"]
+    assert float(rows["kd"]["time_ratio_to_kd"]) == 1.0 and float(rows["kd"]["memory_ratio_to_kd"]) == 1.0
+    for r in rows.values():
+        assert float(r["step_time_ms"]) > 0 and float(r["step_cpu_ms"]) > 0 and float(r["peak_memory_mib"]) > 0
+        assert int(r["measured_steps"]) == 3 and r["teacher_hidden"] == "32" and r["device"] == "cpu"
+    # Each parametrised weight is materialised once per step: 2 layers x 7 matrices + embedding + head
+    # for slice; dense drops the 3 MLP parametrisations per layer; kd has none.
+    assert [float(rows[a]["parametrisation_calls_per_step"]) for a in ("kd", "slice", "dense")] == [0, 16, 10]
+    # Trainable numbers: dense trains d_ff * r per MLP matrix where slice trains H * r.
+    assert int(rows["dense"]["trainable_params"]) - int(rows["slice"]["trainable_params"]) == 2 * 3 * (96 - 32) * 16
+    assert json.loads((tmp_path / "bench.csv.settings.json").read_text())["command"] == "bench"
+
+
+def test_bench_rejects_an_unknown_arm(tmp_path):
+    from lrc.bench import BenchArgs, bench
+
+    with pytest.raises(LRCError, match="unknown arm 'nope'"):
+        bench(BenchArgs(teacher=tmp_path, student_hidden=8, out=tmp_path / "x.csv", arms=["nope"]))
