@@ -44,16 +44,17 @@ def plain_config(student):
 @torch.no_grad()
 def merge_student(student):
     """A new plain model (same class, student config) with the materialised weights."""
+    from transformers.initialization import no_init_weights
+
     cfg = plain_config(student)
-    merged = type(student)(cfg)
+    with no_init_weights():  # every weight is loaded below
+        merged = type(student)(cfg)
     names = list(merged.state_dict().keys())
     # Materialise everything before touching anything (parametrised attributes compute W).
     values = {k: _resolve(student, k).detach().clone() for k in names}
     dtype = next(iter(values.values())).dtype
     merged = merged.to(dtype)
-    missing, unexpected = merged.load_state_dict(values, strict=False)
-    if unexpected or [k for k in missing if k not in values]:
-        raise LRCError(f"merge: state mismatch (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    merged.load_state_dict(values, strict=True)
     if cfg.tie_word_embeddings:
         merged.lm_head.weight = merged.model.embed_tokens.weight
     return merged.to(_resolve(student, "model.embed_tokens.weight").device).eval()

@@ -41,6 +41,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 from torch.nn.utils import parametrize
+from transformers.initialization import no_init_weights
 
 from lrc.errors import LRCError
 from lrc.reach import ARMS, FactorTimesTeacher, TeacherTimesFactor, TeacherTimesFactorT, apply_arm
@@ -56,6 +57,11 @@ def check_teacher(teacher) -> None:
     model_type = getattr(teacher.config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise LRCError(f"unsupported teacher model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    layer = teacher.model.layers[0]
+    # LRC defines no student form for biases on the residual side (o_proj, down_proj).
+    for name, mod in (("o_proj", layer.self_attn.o_proj), ("gate_proj", layer.mlp.gate_proj), ("down_proj", layer.mlp.down_proj)):
+        if mod.bias is not None:
+            raise LRCError(f"teacher {name} has a bias (attention_bias/mlp_bias): not supported by LRC students")
 
 
 def freeze_teacher(teacher):
@@ -155,8 +161,9 @@ def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: 
         raise LRCError(f"unknown init {init!r}; choose one of: {', '.join(INITS)}")
     freeze_teacher(teacher)
     cfg = student_config(teacher.config, hidden_size, norm_eps)
-    torch.manual_seed(seed)  # the throw-away random init of the HF class, reproducible
-    student = type(teacher)(cfg).to(FACTOR_DTYPE)
+    # Every weight is replaced below (factors, ones, the teacher's biases): skip HF's init.
+    with no_init_weights():
+        student = type(teacher)(cfg).to(FACTOR_DTYPE)
     device = teacher.model.embed_tokens.weight.device
     make = _FactorInit(teacher, hidden_size, init, init_std, bases, seed)
 
