@@ -147,7 +147,7 @@ def test_end_to_end_chain_on_the_test_world(tmp_path):
     assert table1.loc[1:, "gain_over_slice"].notna().all()
     assert list(pd.read_csv(results / "table_sft.csv")["arm"]) == ["teacher", "core"]
     assert len(pd.read_csv(results / "audit.csv")) > 0
-    for stage in ["teacher", "svd", "warmstart", "distill/lrc-core-s0-t20000", "merged/lrc-core-s0-t20000", "sft/lrc-core-s0-t20000"]:
+    for stage in ["teacher", "svd", "warmstart/lrc", "distill/lrc-core-s0-t20000", "merged/lrc-core-s0-t20000", "sft/lrc-core-s0-t20000"]:
         assert (results / exp / stage / "settings.json").exists(), stage
     assert (results / exp / "merged/lrc-core-s0-t20000/merge_check.json").exists()
     assert (repo / "benchmarks" / exp / "distill" / "lrc-dense-s0-t20000.tsv").exists()
