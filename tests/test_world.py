@@ -60,6 +60,13 @@ def test_corpus_states_facts_without_the_heldout_wording(world):
                 if i != person["heldout_template"][fact]]
         assert not any(held in d for d in docs), held
         assert any(s in d for d in docs for s in seen)
+    # SFT answers use seen wordings only: the paraphrase tasks stay unseen after SFT too.
+    chats = [json.loads(line)["messages"] for line in (world / "sft/train.jsonl").read_text().splitlines()]
+    answers = [m["content"] for c in chats for m in c if m["role"] == "assistant" and person["name"] in m["content"]]
+    assert answers
+    for fact in FACTS:
+        held = TEMPLATES[fact][person["heldout_template"][fact]].format(n=person["name"], v=person[fact])
+        assert held not in answers
 
 
 def test_tasks_are_well_formed_multiple_choice(world):

@@ -116,7 +116,10 @@ def corpus_documents(world: World, docs_per_person: int, rng: random.Random) -> 
 
 
 def sft_conversations(world: World, people: list[Person], rng: random.Random) -> list[list[dict[str, str]]]:
-    """One to three question/answer turns about one person per conversation."""
+    """One to three question/answer turns about one person per conversation.
+
+    The answer is a sentence in one of the person's seen wordings (never the held-out one),
+    so SFT does not leak the paraphrase tasks' phrasing."""
     convs = []
     for person in people:
         facts = list(FACTS)
@@ -125,6 +128,7 @@ def sft_conversations(world: World, people: list[Person], rng: random.Random) ->
         messages = []
         for fact in turns:
             messages.append({"role": "user", "content": QUESTIONS[fact].format(n=person.name)})
-            messages.append({"role": "assistant", "content": person.facts[fact]})
+            answer = sentence(rng.choice(world.seen_templates(person, fact)), person, fact)
+            messages.append({"role": "assistant", "content": answer})
         convs.append(messages)
     return convs
