@@ -221,3 +221,17 @@ def test_hub_id_without_network_names_the_id(tmp_path, tok_dir, monkeypatch):
     with pytest.raises(LRCError, match="cannot load dataset 'someone/no-such-corpus'"):
         tokenize(TokenizeArgs(tokenizer=str(tok_dir), source="someone/no-such-corpus", out=tmp_path / "t", seq_len=8))
     assert list((tmp_path / "t").iterdir()) == []
+
+
+def test_parquet_and_text_sources_give_the_same_tokens_as_jsonl(tmp_path, tok_dir, corpus):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": DOCS}), tmp_path / "corpus.parquet")
+    (tmp_path / "corpus.txt").write_text("\n\n".join(DOCS) + "\n")
+    digests = set()
+    for src in (corpus, tmp_path / "corpus.parquet", tmp_path / "corpus.txt"):
+        out = tmp_path / ("tok_" + src.suffix[1:])
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(src), out=out, seq_len=16, valid_rows=1))
+        digests.add((out / "train" / "tokens.bin").read_bytes())
+    assert len(digests) == 1
