@@ -91,6 +91,7 @@ def save_merged(student, out_dir, *, tokenizer=None, check_ids=None, atol: float
     finally:
         student.train(was_training)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=merged.dtype, trust_remote_code=False)
+    reloaded.to(next(student.parameters()).device)  # same device as the reference logits
     diff = (_logits(reloaded, check_ids) - reference).abs().max().item()
     check = {
         "max_abs_diff": diff,
@@ -124,17 +125,18 @@ class MergeArgs:
     out: Path = field(metadata={"help": "output directory for the merged checkpoint"})
     bases: Path | None = field(default=None, metadata={"help": "teacher bases directory (core/confined/randcomp; computed if omitted)"})
     data: Path | None = field(default=None, metadata={"help": "token directory whose first rows form the check batch (default: seeded random ids)"})
-    check_rows: int = field(default=4, metadata={"help": "rows of --data in the check batch"})
+    check_rows: int = field(default=2, metadata={"help": "rows of --data in the check batch"})
+    check_len: int = field(default=128, metadata={"help": "tokens per row of the check batch (logits are rows x len x vocab)"})
     atol: float = field(default=1e-5, metadata={"help": "max abs logit difference allowed"})
 
 
-def check_batch_from_tokens(directory: Path, rows: int) -> torch.Tensor:
+def check_batch_from_tokens(directory: Path, rows: int, length: int) -> torch.Tensor:
     from lrc.data import TokenDataset
 
     ds = TokenDataset(directory)
     if len(ds) == 0:
         raise LRCError(f"token directory {directory} has no rows")
-    return torch.stack([ds[i]["input_ids"] for i in range(min(rows, len(ds)))])
+    return torch.stack([ds[i]["input_ids"][:length] for i in range(min(rows, len(ds)))])
 
 
 def main(argv=None) -> int:
@@ -147,7 +149,14 @@ def main(argv=None) -> int:
     teacher = load_teacher(args.teacher)
     bases = load_bases(args.bases) if args.bases is not None else None
     student = load_lrc_state(args.state, teacher, bases)
-    check_ids = check_batch_from_tokens(args.data, args.check_rows) if args.data is not None else None
+    if args.check_rows < 1 or args.check_len < 2:
+        raise LRCError(f"--check-rows {args.check_rows} / --check-len {args.check_len}: need at least 1 row of 2 tokens")
+    if args.data is not None:
+        check_ids = check_batch_from_tokens(args.data, args.check_rows, args.check_len)
+    else:
+        check_ids = default_check_ids(student.config.vocab_size, args.check_rows, args.check_len)
+    if int(check_ids.max()) >= student.config.vocab_size:
+        raise LRCError(f"--data {args.data}: token id {int(check_ids.max())} outside the vocabulary ({student.config.vocab_size})")
     tokenizer = None
     if (args.teacher / "tokenizer_config.json").is_file() or (args.teacher / "tokenizer.json").is_file():
         from transformers import AutoTokenizer

@@ -76,13 +76,24 @@ def test_svd_and_merge_commands(tmp_path, capsys):
     bases = load_bases(tmp_path / "svd")
     student = trained_student(teacher, "core", bases)
     save_lrc_state(student, tmp_path / "state", tokens=0)
-    argv = ["merge", "--state", str(tmp_path / "state"), "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "merged"), "--bases", str(tmp_path / "svd")]
-    assert lrc_main(argv) == 0
+    common = ["merge", "--state", str(tmp_path / "state"), "--teacher", str(tmp_path / "teacher"), "--bases", str(tmp_path / "svd")]
+    assert lrc_main(common + ["--out", str(tmp_path / "merged")]) == 0
     check = json.loads((tmp_path / "merged" / "merge_check.json").read_text())
     assert check["passed"] and check["arm"] == "core"
     assert (tmp_path / "merged" / "settings.json").is_file()
     ids = torch.randint(0, 97, (2, 16))
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
     assert (reloaded(input_ids=ids).logits - student(input_ids=ids).logits).abs().max() <= 1e-5
+    # the check batch can come from a token directory
+    import numpy as np
+
+    from lrc.data import write_tokens
+
+    write_tokens(tmp_path / "tokens", np.arange(3 * 40).reshape(3, 40) % 97)
+    assert lrc_main(common + ["--data", str(tmp_path / "tokens"), "--out", str(tmp_path / "merged2"), "--check-len", "24"]) == 0
+    assert json.loads((tmp_path / "merged2" / "merge_check.json").read_text())["check_batch_shape"] == [2, 24]
+    write_tokens(tmp_path / "big", np.full((1, 8), 500))
+    assert lrc_main(common + ["--data", str(tmp_path / "big"), "--out", str(tmp_path / "merged3")]) == 2
+    assert "500" in capsys.readouterr().err and not (tmp_path / "merged3").exists()
     assert lrc_main(["merge", "--state", str(tmp_path / "nothing"), "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "x")]) == 2
     assert "lrc.json" in capsys.readouterr().err
