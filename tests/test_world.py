@@ -69,6 +69,18 @@ def test_corpus_states_facts_without_the_heldout_wording(world):
         assert held not in answers
 
 
+def test_values_are_balanced_so_frequency_alone_is_at_chance(world):
+    from collections import Counter
+
+    record = json.loads((world / "world.json").read_text())
+    for fact in FACTS:
+        counts = Counter(p[fact] for p in record["people"])
+        assert max(counts.values()) - min(counts.values()) <= 1, fact
+    friends = [p["friend"] for p in record["people"]]
+    assert sorted(friends) == sorted(p["name"] for p in record["people"])
+    assert all(p["friend"] != p["name"] for p in record["people"])
+
+
 def test_tasks_are_well_formed_multiple_choice(world):
     record = json.loads((world / "world.json").read_text())
     people = {p["name"]: p for p in record["people"]}

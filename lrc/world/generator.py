@@ -87,13 +87,23 @@ def build_world(size: WorldSize, seed: int) -> World:
     taken: set[str] = set()
     names = _words(rng, size.people, taken)
     cities = tuple(_words(rng, size.cities, taken))
-    values = {"city": cities, "job": JOBS, "color": COLORS, "pet": PETS, "friend": tuple(names)}
+    # Never more values than people: a value nobody holds would be a give-away distractor.
+    values = {"city": cities, "job": JOBS[:size.people], "color": COLORS[:size.people], "pet": PETS[:size.people],
+              "friend": tuple(names)}
     people = [Person(name) for name in names]
-    for i, person in enumerate(people):
-        for fact in ATTRIBUTES:
-            person.facts[fact] = rng.choice(values[fact])
-        # A friend is any other person (not necessarily symmetric).
-        person.facts["friend"] = names[(i + 1 + rng.randrange(len(names) - 1)) % len(names)]
+    # Balanced assignment: every value is held by (almost) equally many people, so a model
+    # that knows only how often a value occurs, and not who holds it, stays at chance.
+    for fact in ATTRIBUTES:
+        pool = [values[fact][i % len(values[fact])] for i in range(len(people))]
+        rng.shuffle(pool)
+        for person, value in zip(people, pool):
+            person.facts[fact] = value
+    # Friends: one random cycle through everybody, so each person is exactly one person's friend.
+    order = list(range(len(people)))
+    rng.shuffle(order)
+    for k, i in enumerate(order):
+        people[i].facts["friend"] = names[order[(k + 1) % len(order)]]
+    for person in people:
         for fact in FACTS:
             person.heldout[fact] = rng.randrange(len(TEMPLATES[fact]))
     return World(people, values)
