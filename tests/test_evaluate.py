@@ -154,3 +154,22 @@ def test_bad_input_is_named(world, checkpoint, tmp_path):
     with pytest.raises(LRCError, match="has no task file world_facts.yaml"):
         main([str(checkpoint), "--tasks-dir", str(empty), "--out", str(tmp_path / "e.json")])
     assert not (tmp_path / "e.json").exists()
+
+
+def test_moved_world_tasks_are_repointed(world, tmp_path):
+    import shutil
+
+    import yaml
+
+    from lrc.evaluate import prepare_include_dir
+
+    moved = tmp_path / "elsewhere" / "tasks"
+    shutil.copytree(world / "tasks", moved)
+    include = prepare_include_dir(moved, ["world_facts", "world_pairs"], tmp_path / "include")
+    assert sorted(p.name for p in include.iterdir()) == ["world_facts.yaml", "world_pairs.yaml"]
+    for name in ("world_facts", "world_pairs"):
+        config = yaml.safe_load((include / f"{name}.yaml").read_text())
+        assert config["dataset_kwargs"]["data_files"]["test"] == str(moved.resolve() / f"{name}.jsonl")
+    (moved / "world_pairs.jsonl").unlink()
+    with pytest.raises(LRCError, match="task world_pairs: data file .*world_pairs.jsonl not found"):
+        prepare_include_dir(moved, ["world_pairs"], tmp_path / "include2")
