@@ -28,7 +28,7 @@ load rather than stored.
 
 Measured cost here (one CPU thread): the float64 SVD of one 8192 × 3072 matrix
 (Llama-3.2-3B gate) takes 55 s, so `lrc svd` on that teacher is ~77 CPU-minutes (84
-matrices; give the rule many threads); its Householder QR 7 s; one fp32 ``ormqr`` product
+matrices; give the rule many threads, or use ``lrc svd --device cuda``); its Householder QR 7 s; one fp32 ``ormqr`` product
 with a ``[8192, 1536]`` coordinate block 3.8 s, about twice the matching plain matmul.
 """
 
@@ -93,10 +93,10 @@ def _fix_signs(vectors: torch.Tensor) -> torch.Tensor:
     return vectors * signs
 
 
-def column_basis(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left singular vectors (thin, sign-fixed, float64) and singular values of ``matrix``."""
-    u, s, _ = torch.linalg.svd(matrix.detach().to("cpu", torch.float64), full_matrices=False)
-    return _fix_signs(u), s
+def column_basis(matrix: torch.Tensor, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Left singular vectors (thin, sign-fixed, float64, on the CPU) and singular values."""
+    u, s, _ = torch.linalg.svd(matrix.detach().to(device, torch.float64), full_matrices=False)
+    return _fix_signs(u).cpu(), s.cpu()
 
 
 def mlp_teacher_matrix(teacher, layer: int, kind: str) -> torch.Tensor:
@@ -105,27 +105,28 @@ def mlp_teacher_matrix(teacher, layer: int, kind: str) -> torch.Tensor:
     return w.T if kind == "down" else w
 
 
-def embedding_right_basis(teacher) -> tuple[torch.Tensor, torch.Tensor]:
+def embedding_right_basis(teacher, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Right singular vectors [H, H] (sign-fixed, by decreasing value) and values of E."""
-    e = teacher.model.embed_tokens.weight.detach().to("cpu", torch.float64)
+    e = teacher.model.embed_tokens.weight.detach().to(device, torch.float64)
     evals, evecs = torch.linalg.eigh(e.T @ e)  # cheaper than the SVD of a [V, H] matrix
     order = torch.argsort(evals, descending=True)
-    return _fix_signs(evecs[:, order]), evals[order].clamp_min(0).sqrt()
+    return _fix_signs(evecs[:, order]).cpu(), evals[order].clamp_min(0).sqrt().cpu()
 
 
-def compute_bases(teacher) -> TeacherBases:
+def compute_bases(teacher, device="cpu") -> TeacherBases:
+    """All MLP bases of ``teacher``; float64 on ``device`` (CPU by default: LAPACK)."""
     U, S = {}, {}
     for i in range(teacher.config.num_hidden_layers):
         for kind in MLP_KINDS:
-            u, s = column_basis(mlp_teacher_matrix(teacher, i, kind))
+            u, s = column_basis(mlp_teacher_matrix(teacher, i, kind), device)
             U[f"{i}.{kind}"], S[f"{i}.{kind}"] = u.float().contiguous(), s.float()
-    v, s = embedding_right_basis(teacher)
+    v, s = embedding_right_basis(teacher, device)
     meta = {
         "model_type": teacher.config.model_type,
         "hidden_size": teacher.config.hidden_size,
         "intermediate_size": teacher.config.intermediate_size,
         "num_hidden_layers": teacher.config.num_hidden_layers,
-        "precision": "svd in float64 on CPU, stored float32",
+        "precision": f"svd in float64 on {torch.device(device).type}, stored float32",
         "sign_convention": "largest-magnitude entry of each singular vector positive",
         "orientation": "column-oriented [d_ff, H]: gate/up left singular vectors, down right singular vectors",
         "complement": "Householder QR completion of U (torch.geqrf), applied with torch.ormqr",
@@ -169,6 +170,7 @@ class SvdArgs:
 
     teacher: Path = field(metadata={"help": "teacher checkpoint directory (HF format)"})
     out: Path = field(metadata={"help": "output directory for the bases"})
+    device: str = field(default="cpu", metadata={"help": "where the float64 SVDs run: cpu (LAPACK, the reference) or cuda (much faster at paper scale)"})
 
 
 def main(argv=None) -> int:
@@ -177,8 +179,10 @@ def main(argv=None) -> int:
     from lrc.student import load_teacher
 
     args = parse_args(SvdArgs, argv, prog="lrc svd")
+    if args.device != "cpu" and not (args.device.startswith("cuda") and torch.cuda.is_available()):
+        raise LRCError(f"--device {args.device!r}: use cpu, or cuda on a machine with a GPU")
     teacher = load_teacher(args.teacher)
-    bases = compute_bases(teacher)
+    bases = compute_bases(teacher, args.device)
     save_bases(bases, args.out)
     write_settings(args.out, "svd", args, bases=bases.meta)
     print(f"wrote teacher bases for {len(bases.U)} MLP matrices to {args.out}")

@@ -103,3 +103,10 @@ def test_mismatched_bases_are_refused():
     other.config.intermediate_size = 80  # pretend a different teacher
     with pytest.raises(LRCError, match="do not match"):
         bases.check_matches(other)
+
+
+def test_svd_command_refuses_an_unknown_device(tmp_path, capsys):
+    from lrc.cli import main as lrc_main
+
+    assert lrc_main(["svd", "--teacher", str(tmp_path), "--out", str(tmp_path / "b"), "--device", "tpu"]) == 2
+    assert "'tpu'" in capsys.readouterr().err
