@@ -28,15 +28,24 @@ from lrc.world.generator import FACTS, World, WorldSize, build_world, corpus_doc
 from lrc.world.tasks import write_tasks
 from lrc.world.tokenizer import train_tokenizer
 
-# Calibrated presets (see the report in README/DESIGN): "default" is the chain's world,
-# "test" the seconds-long world of the end-to-end test.
+# Calibrated presets: "default" is the chain's world (its teacher learns it in about three
+# CPU minutes with TEACHER_TRAINING below; an untrained student-shaped model is at chance),
+# "test" the seconds-long world of the end-to-end test (plumbing, not learning).
 SIZES: dict[str, WorldSize] = {
-    "default": WorldSize(people=300, cities=24, docs_per_person=100, valid_docs_per_person=2, eval_docs=400, vocab_size=2048),
+    "default": WorldSize(people=200, cities=16, docs_per_person=120, valid_docs_per_person=2, eval_docs=400, vocab_size=2048),
     "test": WorldSize(people=40, cities=8, docs_per_person=20, valid_docs_per_person=2, eval_docs=40, vocab_size=512),
 }
 TEACHERS: dict[str, dict[str, int]] = {
     "default": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
     "test": dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+}
+# How the calibration trained the teacher (AdamW, fp32, one CPU thread); recorded in
+# world.json as a recommendation for `lrc pretrain`, which owns the actual settings.
+TEACHER_TRAINING: dict[str, dict] = {
+    "default": dict(seq_len=128, tokens=800_000, batch_size=8, lr=5e-3, schedule="cosine", warmup=0.02,
+                    betas=[0.9, 0.95], weight_decay=0.0, grad_clip=1.0),
+    "test": dict(seq_len=64, tokens=96_000, batch_size=8, lr=1e-2, schedule="cosine", warmup=0.02,
+                 betas=[0.9, 0.95], weight_decay=0.0, grad_clip=1.0),
 }
 MAX_POSITIONS = 256
 
@@ -116,7 +125,7 @@ def _world_record(world: World, size: WorldSize, seed: int, tasks: dict) -> dict
     }
 
 
-def generate(out: Path, size: WorldSize, teacher_sizes: dict[str, int], seed: int) -> dict:
+def generate(out: Path, size: WorldSize, teacher_sizes: dict[str, int], seed: int, preset: str = "default") -> dict:
     """Write the world into ``out`` (which must not exist yet); returns world.json's record."""
     world = build_world(size, seed)
     # Separate streams per product, so changing one size does not reshuffle the others.
@@ -139,6 +148,7 @@ def generate(out: Path, size: WorldSize, teacher_sizes: dict[str, int], seed: in
     tasks = write_tasks(world, out / "tasks", size.eval_docs, streams["tasks"])
     (out / "teacher_config.json").write_text(json.dumps(teacher_config(teacher_sizes, tokenizer), indent=2, sort_keys=True) + "\n")
     record = _world_record(world, size, seed, tasks)
+    record["teacher_training"] = TEACHER_TRAINING[preset]
     record["single_token_names"] = _single_token_fraction(tokenizer, [p.name for p in world.people])
     record["corpus_tokens"] = {"train": _count_tokens(tokenizer, train_docs), "valid": _count_tokens(tokenizer, valid_docs)}
     (out / "world.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -167,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Task YAMLs record absolute data paths: generate under the final name's parent,
         # then point them at the final location before the rename.
-        record = generate(tmp, size, teacher_sizes, args.seed)
+        record = generate(tmp, size, teacher_sizes, args.seed, args.size)
         for yaml_file in (tmp / "tasks").glob("*.yaml"):
             yaml_file.write_text(yaml_file.read_text().replace(str(tmp.resolve()), str(out.resolve())))
         write_settings(tmp, "world", args, world_size=vars(size), teacher=teacher_sizes)
