@@ -21,6 +21,12 @@ so the bases used are the teacher's right singular vectors (row space):
   ``C = 0``; the trainable tensor is ``[A; C]``.
 * `randcomp`: as `core` with ``U_perp · O``, O a seeded Haar-random orthogonal
   ``(d_ff-H)²`` matrix (materialised: 105 MB fp32 per matrix at Llama-3.2-3B scale).
+
+The Householder QR of each basis and randcomp's rotations are computed (float64) on the
+student's device when the arm is applied, also on every :func:`lrc.student.load_lrc_state`:
+on a GPU this is seconds; on one CPU thread at Llama-3.2-3B scale about 7 s per matrix
+for the QR (84 matrices), more for the 5120² rotations. Results agree across devices up to
+float rounding, not bitwise.
 * `confined` (:class:`ConfinedToTeacherSpace`): ``W = U_r U_rᵀ C``, ``C = W0``.
 
 In the full-reach arms (dense/core/randcomp, and confined, whose C is no longer a factor
@@ -126,10 +132,11 @@ class ConfinedToTeacherSpace(nn.Module):
         return (weight.T if self.transpose else weight).clone()
 
 
-def random_rotation(size: int, seed: int, dtype=torch.float32) -> torch.Tensor:
-    """A Haar-random orthogonal ``[size, size]`` matrix from a seeded generator (float64 QR)."""
+def random_rotation(size: int, seed: int, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """A Haar-random orthogonal ``[size, size]`` matrix: seeded CPU Gaussian, float64 QR on ``device``."""
     g = torch.Generator().manual_seed(seed)
-    q, r = torch.linalg.qr(torch.randn(size, size, generator=g, dtype=torch.float64))
+    gauss = torch.randn(size, size, generator=g, dtype=torch.float64).to(device)
+    q, r = torch.linalg.qr(gauss)
     return (q * torch.sign(torch.diagonal(r))).to(dtype)
 
 
@@ -189,12 +196,12 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0) -> None:
             if arm == "confined":
                 module = ConfinedToTeacherSpace(basis, transpose=transpose)
             else:
-                refl, tau = bases.complement(i, kind)
+                refl, tau = bases.complement(i, kind, device)
                 rotation = None
                 if arm == "randcomp":
                     size = basis.shape[0] - basis.shape[1]
-                    rotation = random_rotation(size, seed * 1000 + 3 * i + k, w0.dtype).to(device)
-                module = SpectralCoordinates(basis, refl.to(device, w0.dtype), tau.to(device, w0.dtype), rotation, transpose)
+                    rotation = random_rotation(size, seed * 1000 + 3 * i + k, w0.dtype, device)
+                module = SpectralCoordinates(basis, refl.to(w0.dtype), tau.to(w0.dtype), rotation, transpose)
             parametrize.register_parametrization(proj, "weight", module, unsafe=True)
         mlp.register_buffer(DOWN_FACTOR_BUFFER, p_down.requires_grad_(False), persistent=True)
     student.lrc_info["arm"] = arm

@@ -65,11 +65,12 @@ class TeacherBases:
             raise LRCError(f"teacher bases have no entry for layer {layer} {kind}_proj")
         return self.U[key]
 
-    def complement(self, layer: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Householder reflectors and tau (float32) whose Q[:, H:] spans the complement of U."""
-        key = f"{layer}.{kind}"
+    def complement(self, layer: int, kind: str, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """Householder reflectors and tau (float32, on ``device``) whose Q[:, H:] spans the
+        complement of U; the QR runs in float64 on ``device`` (cached per device)."""
+        key = (layer, kind, str(device))
         if key not in self._reflectors:
-            refl, tau = torch.geqrf(self.basis(layer, kind).double())
+            refl, tau = torch.geqrf(self.basis(layer, kind).to(device, torch.float64))
             self._reflectors[key] = (refl.float(), tau.float())
         return self._reflectors[key]
 
