@@ -12,9 +12,12 @@ rotate the order of the arms, so a machine that slows down over the run is sprea
   with :class:`lrc.clone.CloneObjective` (``--recipe``, default ``lrc``).
 
 Columns: median step time over all measured steps of all repeats (the first
-``--warmup-steps`` of each run are dropped), its interquartile range, the process peak
-memory, the part of it above the process's memory after imports (what the models and the
-step cost: the ratio to kd is taken on this part), trainable parameters, and how many
+``--warmup-steps`` of each run are dropped), its interquartile range, the median CPU time
+per step (this process's CPU seconds: on a shared machine far steadier than wall time; with
+``--threads 1`` it is the compute), the peak memory (GPU: CUDA max allocated; CPU: peak RSS
+of the run, the kernel's mark reset after the imports), the part of it above the memory
+at that point (what the models and the step cost; the memory ratio to kd is taken on this
+part), trainable parameters, and how many
 times the parametrisations are evaluated per step (each parametrised weight should be
 materialised once per forward). ``--teacher`` is a checkpoint directory or a config JSON
 (a random teacher of that shape, seeded: enough for timing).
@@ -61,8 +64,33 @@ class BenchArgs:
     seed: int = field(default=0, metadata={"help": "seed of the random teacher, the students and the data"})
 
 
-def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _proc_status_mib(key: str) -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> float:
+    """Reset the kernel's peak-RSS mark (Linux) and return the current RSS in MiB.
+
+    Without it the peak would include the transient memory of the imports. Elsewhere the
+    process's lifetime max RSS is used, which only overstates the baseline.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    now = _proc_status_mib("VmRSS")
+    return now if now is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _peak_rss_mib() -> float:
+    peak = _proc_status_mib("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class RandomRows(torch.utils.data.Dataset):
@@ -113,7 +141,7 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     from lrc.train import TrainArgs, train
 
     torch.set_num_threads(args.threads)
-    base_rss = _rss_mib()
+    base_rss = _reset_peak_rss()
     teacher = load_bench_teacher(args.teacher, args.seed)
     recipe = RecipeArgs(recipe=args.recipe)
     if arm == BASELINE:
@@ -131,6 +159,7 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
                       lr=1e-4, warmup=0.0, log_every=1, threads=args.threads, precision=args.precision, seed=args.seed,
                       progress=False, ckpt_dir=work / "ckpt")
     summary = train(objective, student, data, targs, work / "out")
+    on_gpu = torch.device(summary["device"]).type == "cuda"
     records = [json.loads(line) for line in (work / "out" / "metrics.jsonl").read_text().splitlines()]
     tokens_per_step = args.batch_size * args.seq_len
     times = [tokens_per_step / r["tokens_per_s"] for r in records[args.warmup_steps:]]
@@ -139,11 +168,12 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
         "arm": arm,
         "step_times_s": times,
         "step_cpu_s": cpu_times,
-        "peak_memory_mib": summary["peak_memory_mib"],
-        "base_memory_mib": base_rss if torch.device(summary.get("device", "cpu")).type == "cpu" else 0.0,
+        # GPU: CUDA max allocated (the models and the step only); CPU: peak RSS of the run.
+        "peak_memory_mib": summary["peak_memory_mib"] if on_gpu else _peak_rss_mib(),
+        "base_memory_mib": 0.0 if on_gpu else base_rss,
         "trainable_params": sum(p.numel() for p in student.parameters() if p.requires_grad),
         "parametrisation_calls_per_step": calls[0] / total_steps,
-        "device": summary.get("device", "cpu"),
+        "device": summary["device"],
     }
 
 
@@ -210,7 +240,7 @@ def bench(args: BenchArgs) -> list[dict]:
     for row in rows:
         row["time_ratio_to_kd"] = row["step_time_ms"] / base["step_time_ms"]
         row["cpu_ratio_to_kd"] = row["step_cpu_ms"] / base["step_cpu_ms"]
-        row["memory_ratio_to_kd"] = row["step_memory_mib"] / base["step_memory_mib"]
+        row["memory_ratio_to_kd"] = row["step_memory_mib"] / base["step_memory_mib"] if base["step_memory_mib"] > 0 else float("nan")
     return rows
 
 

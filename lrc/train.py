@@ -303,7 +303,8 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     t_window, t_start = time.perf_counter(), time.perf_counter()
     cpu_window = time.process_time()  # CPU seconds of this process: robust to a busy machine
     tokens_per_step = args.batch_size * seq_len
-    trainable_params = [p for _, p in params]
+    # After prepare: under FSDP2 the optimised tensors are the sharded ones.
+    trainable_params = [p for p in wrapped.parameters() if p.requires_grad]
 
     for step in range(start_step, steps):
         step_sum = None

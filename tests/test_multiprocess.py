@@ -72,6 +72,22 @@ def test_two_processes_follow_one_process(tmp_path):
     assert diff < 1e-4
 
 
+@pytest.mark.parametrize("name", ["cpu2", "ddp", "fsdp"])
+def test_shipped_accelerate_configs_parse(name):
+    """Every shipped config loads with accelerate's own loader and says what its comments say.
+
+    (FSDP itself cannot run here: accelerate enables it only on GPUs.)
+    """
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    cfg = load_config_from_file(str(REPO / "config" / "accelerate" / f"{name}.yaml"))
+    assert cfg.distributed_type.value == {"cpu2": "MULTI_GPU", "ddp": "MULTI_GPU", "fsdp": "FSDP"}[name]
+    assert cfg.mixed_precision == ("no" if name == "cpu2" else "bf16")
+    if name == "fsdp":
+        assert int(cfg.fsdp_config["fsdp_version"]) == 2
+        assert "LlamaDecoderLayer" in cfg.fsdp_config["fsdp_transformer_layer_cls_to_wrap"]
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     run_training(Path(sys.argv[1]))
