@@ -222,6 +222,10 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
             f"times the number of processes {P}"
         )
     accum = args.batch_size // (args.micro_batch_size * P)
+    if 0 < args.tokens < args.batch_size * seq_len:
+        accelerator.print(f"warning: --tokens {args.tokens} is less than one step ({args.batch_size} x {seq_len} tokens); no step is taken")
+    if accelerator.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(accelerator.device)
     set_seed(args.seed)
     fingerprint = _fingerprint(args, seq_len, n_rows)
 
@@ -443,8 +447,16 @@ def _truncate_metrics(path: Path, upto_step: int) -> None:
     """Drop log lines written after the checkpoint we resume from (they will be redone)."""
     if not path.is_file():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= upto_step]
-    path.write_text("".join(line + "\n" for line in keep))
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= upto_step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):
+            pass  # a line torn by the kill
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
 
 
 def _copy_metrics(accelerator, ckpt_dir: Path, out_dir: Path) -> None:

@@ -210,3 +210,25 @@ def write_corpus(directory, tokenizer, *, rows: int = 64, seq_len: int = 32, see
     g = np.random.default_rng(seed)
     ids = g.integers(0, len(tokenizer), size=(rows, seq_len))
     return write_tokens(directory, ids, tokenizer=tokenizer, source="random")
+
+
+def test_resume_survives_a_torn_metrics_line(tmp_path):
+    model = tiny_llama()
+    args = quiet(tokens=SEQ * 8 * 4, log_every=1, checkpoint_every=2)
+    train(LMObjective(model), model, RandomTokens(), args, tmp_path / "out")
+    # Simulate a kill after step 2's checkpoint, mid-write of a later log line.
+    ckpt_dir = tmp_path / "out.ckpt"
+    (ckpt_dir / ckpt.DONE_FILE).unlink()
+    import shutil
+
+    final = ckpt.list_checkpoints(ckpt_dir)[-1]
+    shutil.move(final, ckpt_dir / ckpt.step_dir_name(2))
+    state = ckpt.read_state(ckpt_dir / ckpt.step_dir_name(2)) | {"step": 2, "data_position": 2}
+    ckpt.write_json_atomic(ckpt_dir / ckpt.step_dir_name(2) / ckpt.STATE_FILE, state)
+    with open(ckpt_dir / ckpt.METRICS_FILE, "a") as fh:
+        fh.write('{"step": 5, "loss"')
+    model = tiny_llama()
+    summary = train(LMObjective(model), model, RandomTokens(), args, tmp_path / "out")
+    assert summary["resumed_from"].endswith(ckpt.step_dir_name(2))
+    steps = [json.loads(x)["step"] for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
