@@ -413,8 +413,10 @@ def _save_checkpoint(accelerator, bare: torch.nn.Module, ckpt_dir: Path, step: i
     tmp = ckpt_dir / (".tmp-" + final.name)
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
-    accelerator.wait_for_everyone()
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()  # every process writes its RNG state into tmp
     accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()  # ... and has finished before tmp is renamed
     if accelerator.is_main_process:
         if not fsdp:
             tensors = {n: p.detach().to("cpu").contiguous() for n, p in _trainable(bare)}

@@ -25,19 +25,35 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS, BATCH, MICRO = 12, 8, 2
 
 
-def run_training(out: Path) -> None:
+def run_training(out: Path, kind: str) -> None:
+    """kind "lm": a plain Llama on the LM objective; "clone": an LRC student (core arm) with
+    the `lrc` recipe, whose frozen teacher each process holds unwrapped."""
     from safetensors.torch import save_file
     from test_train import SEQ, RandomTokens, tiny_llama
 
-    from lrc.objectives import LMObjective
     from lrc.train import TrainArgs, is_main_process, train
 
-    model = tiny_llama()
+    if kind == "lm":
+        from lrc.objectives import LMObjective
+
+        model = tiny_llama()
+        objective = LMObjective(model)
+    else:
+        from conftest import make_teacher
+
+        from lrc.clone import CloneObjective, RecipeArgs
+        from lrc.reach import apply_arm
+        from lrc.student import build_student
+
+        teacher = make_teacher("llama-tied")
+        model = build_student(teacher, 16, seed=0)
+        apply_arm(model, teacher, "core")
+        objective = CloneObjective(teacher, model, RecipeArgs(temperature=2.0))
     args = TrainArgs(tokens=STEPS * BATCH * SEQ, batch_size=BATCH, micro_batch_size=MICRO, lr=3e-3, warmup=0.1,
-                     log_every=1, threads=1, progress=False)
-    summary = train(LMObjective(model), model, RandomTokens(rows=40), args, out)
+                     log_every=1, checkpoint_every=4, threads=1, progress=False)
+    summary = train(objective, model, RandomTokens(rows=40), args, out)
     if is_main_process():
-        save_file({n: p.detach().contiguous() for n, p in model.named_parameters()}, str(out / "weights.safetensors"))
+        save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}, str(out / "weights.safetensors"))
         (out / "summary.json").write_text(json.dumps(summary))
 
 
@@ -46,14 +62,15 @@ def _curve(out: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_two_processes_follow_one_process(tmp_path):
+@pytest.mark.parametrize("kind", ["lm", "clone"])
+def test_two_processes_follow_one_process(tmp_path, kind):
     from safetensors.torch import load_file
 
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests"), "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1"}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests") + os.pathsep + str(REPO), "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1"}
     script = str(Path(__file__).resolve())
-    subprocess.run([sys.executable, script, str(tmp_path / "p1")], check=True, env=env, cwd=REPO, timeout=300)
+    subprocess.run([sys.executable, script, str(tmp_path / "p1"), kind], check=True, env=env, cwd=REPO, timeout=300)
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "config/accelerate/cpu2.yaml"),
-              "--main_process_port", "29533", script, str(tmp_path / "p2")]
+              "--main_process_port", "29533", script, str(tmp_path / "p2"), kind]
     subprocess.run(launch, check=True, env=env, cwd=REPO, timeout=300)
 
     s1 = json.loads((tmp_path / "p1" / "summary.json").read_text())
@@ -90,4 +107,4 @@ def test_shipped_accelerate_configs_parse(name):
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    run_training(Path(sys.argv[1]))
+    run_training(Path(sys.argv[1]), sys.argv[2])
