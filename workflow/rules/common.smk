@@ -56,12 +56,13 @@ def run_name(recipe, arm, seed, tokens):
     return RUN.format(recipe=recipe, arm=arm, seed=seed, tokens=tokens)
 
 
-def cli_args(section, skip=()):
+def cli_args(section):
     """A config section as shell-quoted flags: {"lr": 1e-4, "clone_terms": ["q", "k"]} ->
-    "--lr 0.0001 --clone-terms q k"; booleans become --flag / --no-flag, None is left out."""
+    "--clone-terms q k --lr 0.0001"; booleans become --flag / --no-flag, None is left out. Keys
+    are sorted, so reordering a config's keys changes no job's params (and re-runs nothing)."""
     parts = []
-    for key, value in (section or {}).items():
-        if key in skip or value is None:
+    for key, value in sorted((section or {}).items()):
+        if value is None:
             continue
         name = key.replace("_", "-")
         flag = f"--{name}"
