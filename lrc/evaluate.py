@@ -269,7 +269,12 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
         check_tasks_known(call["task_manager"], tasks)
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size, device=str(device),
                   trust_remote_code=False)
-        results = lm_eval.simple_evaluate(model=lm, **call)
+        try:
+            results = lm_eval.simple_evaluate(model=lm, **call)
+        except Exception as err:  # most often: a hub dataset that cannot be fetched offline
+            raise LRCError(f"lm-eval failed on suite {args.suite!r} (tasks {', '.join(tasks)}): {type(err).__name__}: {err}"
+                           + (" -- the paper suite needs the hub's datasets (network, or a populated "
+                              "HF_DATASETS_CACHE)" if args.suite == "paper" else "")) from err
     task_results = read_lm_eval_results(results, tasks)
     values = [t["value"] for t in task_results.values()]
     logprobs = [t["answer_logprob"] for t in task_results.values() if "answer_logprob" in t]

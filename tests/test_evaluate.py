@@ -173,3 +173,16 @@ def test_moved_world_tasks_are_repointed(world, tmp_path):
     (moved / "world_pairs.jsonl").unlink()
     with pytest.raises(LRCError, match="task world_pairs: data file .*world_pairs.jsonl not found"):
         prepare_include_dir(moved, ["world_pairs"], tmp_path / "include2")
+
+
+def test_paper_suite_without_network_names_the_task(checkpoint, tmp_path, monkeypatch):
+    import datasets
+    import huggingface_hub
+
+    # No network in this test even where CI has it: both libraries read these at import.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    with pytest.raises(LRCError, match=r"lm-eval failed on suite 'paper' \(tasks boolq\).*needs the hub's datasets"):
+        main([str(checkpoint), "--suite", "paper", "--tasks", "boolq", "--threads", "1", "--out", str(tmp_path / "e.json")])
+    assert not (tmp_path / "e.json").exists()
