@@ -301,8 +301,12 @@ def is_local_source(source: str) -> bool:
 
 
 def iter_records(source: str, *, split: str = "train", dataset_config: str | None = None) -> Iterator[dict]:
-    """Records (dicts) from a local .jsonl/.json/.txt/.parquet file or a `datasets` hub id."""
-    if is_local_source(source):
+    """Records (dicts) from a local .jsonl/.json/.txt/.parquet file or a `datasets` hub id.
+
+    A local directory is read by `datasets` like a hub repository (a clone, or a stand-in)."""
+    if Path(source).is_dir():
+        yield from _iter_hub(source, split=split, dataset_config=dataset_config)
+    elif is_local_source(source):
         yield from _iter_local(Path(source).expanduser())
     else:
         yield from _iter_hub(source, split=split, dataset_config=dataset_config)
@@ -455,7 +459,7 @@ class TokenizeArgs:
     """Tokenise a corpus (or a chat set with --chat) into OUT/train and OUT/valid token directories."""
 
     tokenizer: str = field(metadata={"help": "tokenizer directory (or hub id) whose ids to write"})
-    source: str = field(metadata={"help": "local .jsonl/.json/.txt/.parquet file, or a `datasets` hub id"})
+    source: str = field(metadata={"help": "local .jsonl/.json/.txt/.parquet file, a `datasets` hub id, or a local dataset repository directory"})
     out: Path = field(metadata={"help": "output directory; gets train/ and valid/"})
     seq_len: int = field(metadata={"help": "tokens per row"})
     valid_source: str | None = field(default=None, metadata={"help": "a separate source for valid/ (else split off --source)"})

@@ -235,3 +235,22 @@ def test_parquet_and_text_sources_give_the_same_tokens_as_jsonl(tmp_path, tok_di
         tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(src), out=out, seq_len=16, valid_rows=1))
         digests.add((out / "train" / "tokens.bin").read_bytes())
     assert len(digests) == 1
+
+
+def test_dataset_repository_goes_through_datasets_streaming(tmp_path, tok_dir, corpus):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # A local stand-in for a hub dataset repository: datasets reads it like a hub id.
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    pq.write_table(pa.table({"content": DOCS}), repo / "data" / "train-00000-of-00001.parquet")
+    tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(repo), out=tmp_path / "hub", seq_len=16,
+                          text_field="content", valid_rows=1, max_tokens=160))
+    tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / "local", seq_len=16,
+                          valid_rows=1, max_tokens=160))
+    assert read_manifest(tmp_path / "hub" / "train")["rows"] == 10
+    assert (tmp_path / "hub/train/tokens.bin").read_bytes() == (tmp_path / "local/train/tokens.bin").read_bytes()
+    with pytest.raises(LRCError, match="cannot load dataset .*repo.* split 'test'"):
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(repo), out=tmp_path / "x", seq_len=16, split="test",
+                              text_field="content"))
