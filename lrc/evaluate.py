@@ -6,7 +6,8 @@ The multiple-choice suite runs through lm-eval's Python API (``simple_evaluate``
 names for each; needs the hub for the datasets) and ``tiny`` (the tiny world's local
 tasks). Besides the suite, three cheap continuous measures that move before accuracy
 does: perplexity on a held-out token directory, forward KL(teacher || model) on the same
-rows, and the mean log-probability lm-eval gave the right answer.
+rows, the mean log-probability lm-eval gave the right answer, and (tiny suite) the KL to the
+teacher at the position where the answer is predicted.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,7 @@ class EvaluateArgs:
     suite: Literal["tiny", "paper"] = field(default="tiny", metadata={"help": "task suite (lrc/suites/<suite>.yaml)"})
     tasks_dir: Path | None = field(default=None, metadata={"help": "tiny suite: the world's tasks/ directory"})
     tasks: list[str] | None = field(default=None, metadata={"help": "evaluate only these tasks of the suite"})
-    teacher: str | None = field(default=None, metadata={"help": "teacher checkpoint, for the KL on the held-out rows"})
+    teacher: str | None = field(default=None, metadata={"help": "teacher checkpoint: KL on the held-out rows and at the answer position (tiny suite)"})
     heldout: Path | None = field(default=None, metadata={"help": "held-out token directory (perplexity, KL)"})
     heldout_rows: int = field(default=64, metadata={"help": "rows of --heldout to use"})
     tokenizer: str | None = field(default=None, metadata={"help": "tokenizer directory (default: the model's)"})
@@ -53,8 +53,6 @@ class EvaluateArgs:
             raise LRCError("--batch-size and --heldout-rows must be positive")
         if self.num_fewshot < 0:
             raise LRCError(f"--num-fewshot must be >= 0, got {self.num_fewshot}")
-        if self.teacher is not None and self.heldout is None:
-            raise LRCError("--teacher is only used for the KL on --heldout rows; give --heldout too")
 
 
 # ---------------------------------------------------------------------------------------
@@ -234,6 +232,39 @@ def heldout_measures(model, rows: torch.Tensor, masks: torch.Tensor, *, teacher=
     return out
 
 
+@torch.no_grad()
+def answer_kl(model, teacher, tokenizer, contexts: Sequence[str], *, batch_size: int = 16) -> float:
+    """Mean forward KL(p_teacher || p_model) of the next-token distribution right after each
+    question's context, where the answer's first token is predicted (the tiny world's facts)."""
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    total = 0.0
+    for start in range(0, len(contexts), batch_size):
+        encoded = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in contexts[start:start + batch_size]]
+        width = max(map(len, encoded))
+        # Right padding: the causal mask keeps every real position independent of the pads.
+        ids = torch.tensor([e + [pad] * (width - len(e)) for e in encoded], device=device)
+        attention = torch.tensor([[1] * len(e) + [0] * (width - len(e)) for e in encoded], device=device)
+        last = torch.tensor([len(e) - 1 for e in encoded], device=device)
+        rows = torch.arange(len(encoded), device=device)
+        logp = torch.log_softmax(model(ids, attention_mask=attention).logits[rows, last].float(), -1)
+        logq = torch.log_softmax(teacher(ids, attention_mask=attention).logits[rows, last].float(), -1)
+        total += (logq.exp() * (logq - logp)).sum().item()
+    return total / len(contexts)
+
+
+def task_contexts(include_dir: Path, names: Sequence[str], limit: float | None) -> list[str]:
+    """The question contexts of the tiny suite's tasks (the first ``limit`` per task), unique."""
+    contexts: dict[str, None] = {}
+    for name in names:
+        config = yaml.safe_load((include_dir / f"{name}.yaml").read_text())
+        lines = Path(config["dataset_kwargs"]["data_files"]["test"]).read_text().splitlines()
+        if limit is not None:
+            lines = lines[: int(limit) if limit >= 1 else max(1, int(len(lines) * limit))]
+        contexts.update({json.loads(line)["context"]: None for line in lines if line.strip()})
+    return list(contexts)
+
+
 def heldout_rows(directory: Path, tokenizer: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     from lrc.data import TokenDataset
 
@@ -269,6 +300,7 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
         check_tasks_known(call["task_manager"], tasks)
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size, device=str(device),
                   trust_remote_code=False)
+        contexts = task_contexts(include, list(tasks), args.limit) if include is not None else []
         try:
             results = lm_eval.simple_evaluate(model=lm, **call)
         except Exception as err:  # most often: a hub dataset that cannot be fetched offline
@@ -279,10 +311,13 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
     values = [t["value"] for t in task_results.values()]
     logprobs = [t["answer_logprob"] for t in task_results.values() if "answer_logprob" in t]
     extra: dict[str, Any] = {"answer_logprob": sum(logprobs) / len(logprobs) if logprobs else None}
-    if args.heldout is not None:
-        teacher = load_model(args.teacher, device, role="--teacher") if args.teacher else None
-        if teacher is not None and teacher.get_output_embeddings().weight.shape[0] != model.get_output_embeddings().weight.shape[0]:
+    teacher = load_model(args.teacher, device, role="--teacher") if args.teacher else None
+    if teacher is not None:
+        if teacher.get_output_embeddings().weight.shape[0] != model.get_output_embeddings().weight.shape[0]:
             raise LRCError(f"--teacher {args.teacher} and --model {args.model} have different vocabularies")
+        if contexts:
+            extra["answer_kl"] = answer_kl(model, teacher, tokenizer, contexts, batch_size=args.batch_size)
+    if args.heldout is not None:
         rows, masks = heldout_rows(args.heldout, tokenizer, args.heldout_rows)
         extra.update(heldout_measures(model, rows, masks, teacher=teacher, batch_size=args.batch_size))
     return {

@@ -104,6 +104,7 @@ def test_tiny_suite_end_to_end(world, checkpoint, heldout, tmp_path, monkeypatch
 
     extra = record["extra"]
     assert extra["kl_to_teacher"] == pytest.approx(0.0, abs=1e-6)  # the model is its own teacher
+    assert extra["answer_kl"] == pytest.approx(0.0, abs=1e-6)
     assert extra["perplexity"] > 1
 
 
@@ -186,3 +187,23 @@ def test_paper_suite_without_network_names_the_task(checkpoint, tmp_path, monkey
     with pytest.raises(LRCError, match=r"lm-eval failed on suite 'paper' \(tasks boolq\).*needs the hub's datasets"):
         main([str(checkpoint), "--suite", "paper", "--tasks", "boolq", "--threads", "1", "--out", str(tmp_path / "e.json")])
     assert not (tmp_path / "e.json").exists()
+
+
+def test_answer_kl_with_padding_matches_one_context_at_a_time(world):
+    from transformers import AutoTokenizer
+
+    from lrc.evaluate import answer_kl
+    from tests.conftest import make_teacher
+
+    tok = AutoTokenizer.from_pretrained(str(world / "tokenizer"))
+    model, teacher = make_teacher("llama-tied", 0, len(tok)), make_teacher("llama-untied", 1, len(tok))
+    contexts = ["Kabo lives in", "The favorite color of Kabo is", "Zu is a"]
+    expected = []
+    with torch.no_grad():
+        for c in contexts:
+            ids = torch.tensor([tok(c, add_special_tokens=False)["input_ids"]])
+            p = torch.log_softmax(teacher(ids).logits[0, -1], -1)
+            q = torch.log_softmax(model(ids).logits[0, -1], -1)
+            expected.append((p.exp() * (p - q)).sum().item())
+    got = answer_kl(model, teacher, tok, contexts, batch_size=2)
+    assert got == pytest.approx(sum(expected) / len(expected), rel=1e-4) and got > 0
