@@ -396,10 +396,10 @@ def chat_ids(tokenizer: Any, messages: Sequence[dict]) -> tuple[list[int], list[
         if msg.get("role") != "assistant":
             continue
         start = len(_render(tokenizer, messages[:k], add_generation_prompt=True)) if k else 0
-        end = len(_render(tokenizer, messages[: k + 1], add_generation_prompt=False))
-        if not full.startswith(_render(tokenizer, messages[: k + 1], add_generation_prompt=False)):
+        upto = _render(tokenizer, messages[: k + 1], add_generation_prompt=False)
+        if not full.startswith(upto):
             raise LRCError("the chat template does not render conversations prefix-consistently; cannot locate assistant turns")
-        spans.append((start, end))
+        spans.append((start, len(upto)))
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     mask = [int(any(s <= a < e for s, e in spans)) for a, _ in enc["offset_mapping"]]
     return list(enc["input_ids"]), mask
