@@ -17,12 +17,11 @@ next run removes.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from lrc.atomic import atomic_dir, write_json_atomic  # noqa: F401  (re-exported for the loop)
 
 STATE_FILE = "trainer_state.json"
 TRAINABLE_FILE = "trainable.safetensors"
@@ -64,39 +63,6 @@ def prune(ckpt_dir: str | Path, keep: int) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def read_done(ckpt_dir: str | Path) -> dict[str, Any] | None:
     path = Path(ckpt_dir) / DONE_FILE
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-@contextmanager
-def atomic_dir(final: str | Path) -> Iterator[Path]:
-    """Yield a fresh temporary sibling of ``final``; on success it replaces ``final``.
-
-    On an exception the temporary directory is removed and ``final`` is left as it was,
-    so a reader never sees a half-written output directory.
-    """
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    for stale in final.parent.glob(f".tmp-{final.name}-*"):  # left by a killed job
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if final.exists():
-        old = final.with_name(f".old-{final.name}-{uuid.uuid4().hex[:8]}")
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)

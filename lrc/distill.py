@@ -23,7 +23,8 @@ from typing import Any, Literal, Sequence
 
 import torch
 
-from lrc.checkpoint import METRICS_FILE, atomic_dir
+from lrc.atomic import atomic_dir
+from lrc.checkpoint import METRICS_FILE
 from lrc.cli import check_choice, parse_args
 from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 
 import torch
 
-from lrc.checkpoint import METRICS_FILE, atomic_dir
+from lrc.atomic import atomic_dir
+from lrc.checkpoint import METRICS_FILE
 from lrc.cli import parse_args
 from lrc.errors import LRCError
 from lrc.objectives import LMObjective

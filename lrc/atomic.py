@@ -1,0 +1,60 @@
+"""Atomic outputs: a reader (or a restarted job) never sees a half-written file or directory.
+
+Every stage writes its output through these two helpers, so a failed or killed job leaves
+the previous output (if any) untouched and at most a hidden temporary that the next run
+removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to a temporary sibling of ``path``, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
+    return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+@contextmanager
+def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh temporary sibling of ``final``; on success it replaces ``final``.
+
+    On an exception the temporary directory is removed and ``final`` is left as it was.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".tmp-{final.name}-*"):  # left by a killed job
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{uuid.uuid4().hex[:8]}")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
