@@ -8,6 +8,11 @@ A token directory holds ``tokens.bin`` (a ``[rows, seq_len]`` array of ``uint16`
 Plain text follows the LRC recipe: each document becomes ``eos + text + bos``, tokenised
 without special tokens, concatenated and cut into rows of ``seq_len`` (the tail that does
 not fill a row is dropped). Chat data is rendered with the tokenizer's own chat template.
+
+A corpus may mix several sources (``--mixture FILE``, a YAML list of :class:`SourceSpec`
+entries): documents are interleaved so that each source's token count tracks its share, a
+row filter (``--filter-field``/``--filter-min``) keeps only records scoring at least a
+threshold, and each source's dataset revision, filter and counts go into the manifest.
 """
 
 from __future__ import annotations
@@ -15,16 +20,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
 
+from lrc.atomic import atomic_dir
 from lrc.errors import LRCError
 
 TOKENS_FILE = "tokens.bin"
@@ -75,15 +79,17 @@ def _token_dtype(vocab_size: int) -> np.dtype:
 class _TokenWriter:
     """Appends rows to a token directory under a temporary name; `commit` renames it.
 
-    Used as a context manager: on any error the temporary directory is removed, so no
-    partial token file is ever left where a reader would find it.
+    Used as a context manager (through :func:`lrc.atomic.atomic_dir`): the directory appears
+    under its name when the block ends after `commit`; on any error, or without `commit`,
+    the temporary directory is removed, so no partial token file is ever left behind.
     """
 
     def __init__(self, directory: str | os.PathLike, *, seq_len: int, vocab_size: int,
                  with_mask: bool, tokenizer: Any = None, source: str = "", cap: int | None = None) -> None:
         self.final = Path(directory)
-        self.final.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.", suffix=".tmp", dir=self.final.parent))
+        self._atomic = atomic_dir(self.final)
+        self.tmp = self._atomic.__enter__()
+        self.committed = False
         self.seq_len, self.vocab_size, self.with_mask = seq_len, vocab_size, with_mask
         self.dtype = _token_dtype(vocab_size)
         self.tokenizer, self.source = tokenizer, source
@@ -120,7 +126,9 @@ class _TokenWriter:
         if rows.size:
             self.max_id = max(self.max_id, int(rows.max()))
 
-    def commit(self) -> Path:
+    def commit(self, sources: list[dict] | None = None) -> Path:
+        """Write the manifest (``sources``: per-source records, see `tokenize`); the
+        directory takes its final name when the ``with`` block ends."""
         self._close()
         if self.rows == 0:
             raise LRCError(f"no complete row of {self.seq_len} tokens for {self.final} (source {self.source!r} is empty or too short)")
@@ -137,8 +145,10 @@ class _TokenWriter:
             "source": self.source,
             "content_hash": self.hash.hexdigest(),
         }
+        if sources is not None:
+            manifest["sources"] = sources
         (self.tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        _replace_dir(self.tmp, self.final)
+        self.committed = True
         return self.final
 
     def _close(self) -> None:
@@ -149,21 +159,13 @@ class _TokenWriter:
     def __enter__(self) -> "_TokenWriter":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self._close()
-            shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _replace_dir(tmp: Path, final: Path) -> None:
-    """Move ``tmp`` to ``final``; an existing ``final`` is swapped out, then deleted."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        final.rename(old)
-    tmp.rename(final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self._close()
+        if exc_type is None and not self.committed:
+            exc = LRCError(f"token directory {self.final} was left without a manifest (not committed)")
+            self._atomic.__exit__(LRCError, exc, None)
+            raise exc
+        return bool(self._atomic.__exit__(exc_type, exc, tb))
 
 
 def write_tokens(directory: str | os.PathLike, rows: np.ndarray, *, loss_mask: np.ndarray | None = None,
@@ -300,16 +302,21 @@ def is_local_source(source: str) -> bool:
     return Path(source).exists() or source.endswith(LOCAL_SUFFIXES) or source.startswith((".", "/", "~"))
 
 
-def iter_records(source: str, *, split: str = "train", dataset_config: str | None = None) -> Iterator[dict]:
-    """Records (dicts) from a local .jsonl/.json/.txt/.parquet file or a `datasets` hub id.
+def _is_dataset_repo(source: str) -> bool:
+    """A hub id, or a local directory that `datasets` reads like one (a clone, or a stand-in)."""
+    return Path(source).is_dir() or not is_local_source(source)
 
-    A local directory is read by `datasets` like a hub repository (a clone, or a stand-in)."""
-    if Path(source).is_dir():
-        yield from _iter_hub(source, split=split, dataset_config=dataset_config)
-    elif is_local_source(source):
-        yield from _iter_local(Path(source).expanduser())
+
+def iter_records(source: str, *, split: str = "train", dataset_config: str | None = None,
+                 revision: str | None = None) -> Iterator[dict]:
+    """Records (dicts) from a local .jsonl/.json/.txt/.parquet file or a `datasets` hub id
+    (``revision``: a branch, tag or commit of the dataset repository)."""
+    if _is_dataset_repo(source):
+        yield from _iter_hub(source, split=split, dataset_config=dataset_config, revision=revision)
     else:
-        yield from _iter_hub(source, split=split, dataset_config=dataset_config)
+        if revision is not None:
+            raise LRCError(f"source {source}: --revision applies to dataset repositories, not to local files")
+        yield from _iter_local(Path(source).expanduser())
 
 
 def _iter_local(path: Path) -> Iterator[dict]:
@@ -347,26 +354,131 @@ def _iter_local(path: Path) -> Iterator[dict]:
         raise LRCError(f"cannot read source file {path}: {err}") from err
 
 
-def _iter_hub(repo_id: str, *, split: str, dataset_config: str | None) -> Iterator[dict]:
+def _iter_hub(repo_id: str, *, split: str, dataset_config: str | None, revision: str | None) -> Iterator[dict]:
     import datasets
 
     try:
-        ds = datasets.load_dataset(repo_id, dataset_config, split=split, streaming=True)
+        ds = datasets.load_dataset(repo_id, dataset_config, split=split, revision=revision, streaming=True)
         iterator = iter(ds)
         first = next(iterator, None)
-    except Exception as err:  # offline, unknown id, bad split: all surface here
-        raise LRCError(f"cannot load dataset {repo_id!r} (config {dataset_config!r}, split {split!r}) "
-                       f"from the hub: {type(err).__name__}: {err}") from err
+    except Exception as err:  # offline, unknown id, bad split or revision: all surface here
+        raise LRCError(f"cannot load dataset {repo_id!r} (config {dataset_config!r}, split {split!r}, "
+                       f"revision {revision!r}) from the hub: {type(err).__name__}: {err}") from err
     if first is not None:
         yield first
         yield from iterator
 
 
-def _field(record: dict, name: str, source: str) -> Any:
-    if not isinstance(record, dict) or name not in record:
-        keys = list(record) if isinstance(record, dict) else type(record).__name__
-        raise LRCError(f"source {source}: record has no field {name!r} (has {keys}); set --text-field")
-    return record[name]
+def _field(record: dict, name: str, source: str, option: str = "--text-field") -> Any:
+    """``record[name]``; a dotted name reaches into nested records (``metadata.int_score``)."""
+    value = record
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            keys = list(value) if isinstance(value, dict) else type(value).__name__
+            raise LRCError(f"source {source}: record has no field {name!r} ({part!r} not in {keys}); set {option}")
+        value = value[part]
+    return value
+
+
+# ---------------------------------------------------------------------------------------
+# Source specifications and mixtures
+
+
+@dataclass(kw_only=True)
+class SourceSpec:
+    """One source of a corpus: where to read it, which records to keep, its share of tokens.
+
+    The keys of a mixture file's entries are these field names (the `lrc tokenize` flags)."""
+
+    source: str
+    split: str = "train"
+    dataset_config: str | None = None
+    revision: str | None = None
+    text_field: str = "text"
+    messages_field: str = "messages"
+    # In a mixture: render the conversation with the chat template into one document's text.
+    chat: bool = False
+    filter_field: str | None = None
+    filter_min: float | None = None
+    share: float = 1.0
+
+    def check(self, where: str) -> None:
+        strings = {"source": False, "split": False, "dataset_config": True, "revision": True,
+                   "text_field": False, "messages_field": False, "filter_field": True}
+        for name, optional in strings.items():
+            value = getattr(self, name)
+            if not (isinstance(value, str) and value) and not (optional and value is None):
+                raise LRCError(f"{where}: {name} must be a non-empty string, got {value!r}")
+        if not isinstance(self.chat, bool):
+            raise LRCError(f"{where}: chat must be true or false, got {self.chat!r}")
+        for name in ("share", "filter_min"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise LRCError(f"{where}: {name} must be a number, got {value!r}")
+        if not self.share > 0:
+            raise LRCError(f"{where}: share must be positive, got {self.share}")
+        if (self.filter_field is None) != (self.filter_min is None):
+            raise LRCError(f"{where}: give filter_field and filter_min together (keep records with field >= min)")
+        if self.revision is not None and not _is_dataset_repo(self.source):
+            raise LRCError(f"{where}: revision applies to dataset repositories, not to the local file {self.source}")
+
+    def keeps(self, record: dict) -> bool:
+        """The row filter: a record passes if its ``filter_field`` is at least ``filter_min``."""
+        if self.filter_field is None:
+            return True
+        value = _field(record, self.filter_field, self.source, option="--filter-field")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise LRCError(f"source {self.source}: filter field {self.filter_field!r} must be a number, "
+                           f"got {type(value).__name__} {value!r}")
+        return value >= self.filter_min
+
+
+def load_mixture(path: str | os.PathLike) -> list[SourceSpec]:
+    """The sources of a mixture file: YAML ``sources:`` list of :class:`SourceSpec` entries."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise LRCError(f"cannot read mixture file {path}: {err}") from err
+    entries = data.get("sources") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise LRCError(f"mixture file {path}: expected a mapping with a non-empty list 'sources'")
+    known = {f.name for f in fields(SourceSpec)}
+    specs = []
+    for i, entry in enumerate(entries):
+        name = entry.get("source") if isinstance(entry, dict) else None
+        where = f"mixture file {path}: sources[{i}] ({name or 'no source'})"
+        if not isinstance(entry, dict) or not name:
+            raise LRCError(f"{where}: each entry must be a mapping with a 'source'")
+        unknown = sorted(set(entry) - known)
+        if unknown:
+            raise LRCError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+        spec = SourceSpec(**entry)
+        spec.check(where)
+        specs.append(spec)
+    return specs
+
+
+def _mix(streams: Sequence[Iterator[Any]], shares: Sequence[float],
+         size: Any = len) -> Iterator[tuple[int, Any]]:
+    """Interleave document streams so each one's token count tracks its share.
+
+    The next document always comes from the source furthest below its share (the first
+    listed on a tie), so no source is ever more than one document off its target. A source
+    that runs out drops out; the others fill the rest (its count shows in the manifest).
+    """
+    taken = [0] * len(streams)
+    live = list(range(len(streams)))
+    while live:
+        k = min(live, key=lambda j: taken[j] / shares[j])
+        item = next(streams[k], None)
+        if item is None:
+            live.remove(k)
+            continue
+        taken[k] += size(item)
+        yield k, item
 
 
 # ---------------------------------------------------------------------------------------
@@ -459,12 +571,16 @@ class TokenizeArgs:
     """Tokenise a corpus (or a chat set with --chat) into OUT/train and OUT/valid token directories."""
 
     tokenizer: str = field(metadata={"help": "tokenizer directory (or hub id) whose ids to write"})
-    source: str = field(metadata={"help": "local .jsonl/.json/.txt/.parquet file, a `datasets` hub id, or a local dataset repository directory"})
+    source: str | None = field(default=None, metadata={"help": "local .jsonl/.json/.txt/.parquet file, a `datasets` hub id, or a local dataset repository directory (or give --mixture)"})
+    mixture: Path | None = field(default=None, metadata={"help": "instead of --source: YAML file whose 'sources' list mixes several sources (keys: source, split, dataset_config, revision, text_field, messages_field, chat, filter_field, filter_min, share)"})
     out: Path = field(metadata={"help": "output directory; gets train/ and valid/"})
     seq_len: int = field(metadata={"help": "tokens per row"})
     valid_source: str | None = field(default=None, metadata={"help": "a separate source for valid/ (else split off --source)"})
     split: str = field(default="train", metadata={"help": "dataset split (hub sources)"})
     dataset_config: str | None = field(default=None, metadata={"help": "dataset configuration name (hub sources)"})
+    revision: str | None = field(default=None, metadata={"help": "dataset revision: branch, tag or commit (hub sources)"})
+    filter_field: str | None = field(default=None, metadata={"help": "keep only records whose numeric field (dotted for nested, e.g. metadata.int_score) is >= --filter-min"})
+    filter_min: float | None = field(default=None, metadata={"help": "threshold of --filter-field"})
     text_field: str = field(default="text", metadata={"help": "record field holding the document text"})
     messages_field: str = field(default="messages", metadata={"help": "record field holding the conversation (--chat)"})
     chat: bool = field(default=False, metadata={"help": "chat data: render with the chat template, mask = assistant tokens"})
@@ -475,6 +591,13 @@ class TokenizeArgs:
     model_vocab: int | None = field(default=None, metadata={"help": "refuse a tokenizer larger than this embedding size"})
 
     def __post_init__(self) -> None:
+        if (self.source is None) == (self.mixture is None):
+            raise LRCError("give exactly one of --source and --mixture")
+        if self.mixture is not None and (self.chat or self.valid_source is not None):
+            raise LRCError("--mixture builds a plain-text corpus: it takes neither --chat nor --valid-source "
+                           "(mark chat sources with 'chat: true' in the mixture file)")
+        if self.source is not None:
+            self.spec(self.source).check("lrc tokenize")
         if self.seq_len < 2:
             raise LRCError(f"--seq-len must be at least 2, got {self.seq_len}")
         if not 0.0 < self.valid_fraction < 1.0:
@@ -485,28 +608,62 @@ class TokenizeArgs:
             raise LRCError(f"--max-tokens ({self.max_tokens}) is less than one row of --seq-len {self.seq_len}")
 
 
-def _documents(args: TokenizeArgs, tokenizer: Any, source: str) -> Iterator[tuple[list[int], list[int] | None]]:
-    records = iter_records(source, split=args.split, dataset_config=args.dataset_config)
-    if args.chat:
+    def spec(self, source: str) -> SourceSpec:
+        """A source read with the per-source flags given on the command line."""
+        return SourceSpec(source=source, split=self.split, dataset_config=self.dataset_config,
+                          revision=self.revision, text_field=self.text_field, messages_field=self.messages_field,
+                          chat=self.chat, filter_field=self.filter_field, filter_min=self.filter_min)
+
+    def specs(self) -> list[SourceSpec]:
+        return load_mixture(self.mixture) if self.mixture is not None else [self.spec(self.source)]
+
+
+def _documents(spec: SourceSpec, tokenizer: Any, *, masked_chat: bool) -> Iterator[tuple[list[int], list[int] | None]]:
+    """Token ids of each kept record: with ``masked_chat`` (SFT data) a rendered conversation
+    and its assistant mask; otherwise ``eos + text + bos``, where a chat source's text is its
+    conversation rendered with the chat template."""
+    records = (r for r in iter_records(spec.source, split=spec.split, dataset_config=spec.dataset_config,
+                                       revision=spec.revision) if spec.keeps(r))
+    if masked_chat:
         for record in records:
-            messages = _field(record, args.messages_field, source)
-            if not isinstance(messages, list) or not messages:
-                raise LRCError(f"source {source}: field {args.messages_field!r} must be a non-empty list of messages")
-            yield chat_ids(tokenizer, messages)
+            yield chat_ids(tokenizer, _messages(record, spec))
         return
-    for texts in _batched(_texts(records, args.text_field, source), 256):
+    for texts in _batched(_texts(records, spec, tokenizer), 256):
         # Batched calls let the fast tokenizer use its own threads.
         for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
             yield _wrap_document(tokenizer, ids), None
 
 
-def _texts(records: Iterable[dict], name: str, source: str) -> Iterator[str]:
+def _texts(records: Iterable[dict], spec: SourceSpec, tokenizer: Any) -> Iterator[str]:
     for record in records:
-        text = _field(record, name, source)
-        if not isinstance(text, str):
-            raise LRCError(f"source {source}: field {name!r} must be a string, got {type(text).__name__}")
+        if spec.chat:
+            text = _render(tokenizer, _messages(record, spec), add_generation_prompt=False)
+        else:
+            text = _field(record, spec.text_field, spec.source)
+            if not isinstance(text, str):
+                raise LRCError(f"source {spec.source}: field {spec.text_field!r} must be a string, got {type(text).__name__}")
         if text:
             yield text
+
+
+# ShareGPT-style turns ({"from": "human", "value": ...}, as in OpenHermes-2.5) -> chat-template roles.
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+
+
+def _messages(record: dict, spec: SourceSpec) -> list[dict]:
+    messages = _field(record, spec.messages_field, spec.source, option="--messages-field")
+    if not isinstance(messages, list) or not messages:
+        raise LRCError(f"source {spec.source}: field {spec.messages_field!r} must be a non-empty list of messages")
+    out = []
+    for msg in messages:
+        if isinstance(msg, dict) and "role" in msg and "content" in msg:
+            out.append(msg)
+        elif isinstance(msg, dict) and msg.get("from") in SHAREGPT_ROLES and "value" in msg:
+            out.append({"role": SHAREGPT_ROLES[msg["from"]], "content": msg["value"]})
+        else:
+            raise LRCError(f"source {spec.source}: a message in {spec.messages_field!r} is neither "
+                           f"{{role, content}} nor {{from: {'/'.join(SHAREGPT_ROLES)}, value}}: {str(msg)[:200]}")
+    return out
 
 
 def _batched(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
@@ -527,16 +684,28 @@ def tokenize(args: TokenizeArgs) -> dict[str, Path]:
         raise LRCError(f"tokenizer {args.tokenizer!r} has no eos token; the corpus recipe needs one")
     if args.model_vocab is not None:
         check_vocab(len(tokenizer), args.model_vocab)
+    specs = args.specs()
+    valid_specs = [args.spec(args.valid_source)] if args.valid_source is not None else specs
+    name = args.source or str(args.mixture)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     out = Path(args.out)
     common = dict(seq_len=args.seq_len, vocab_size=len(tokenizer), with_mask=args.chat, tokenizer=tokenizer)
     train_cap = args.max_tokens // args.seq_len if args.max_tokens else None
-    with (_TokenWriter(out / "train", source=args.source, cap=train_cap, **common) as train,
-          _TokenWriter(out / "valid", source=args.valid_source or args.source, cap=args.valid_rows, **common) as valid):
+    # Per split and source: documents and their tokens (before cutting into rows).
+    counts = {"train": [[0, 0] for _ in specs], "valid": [[0, 0] for _ in valid_specs]}
+
+    def stream(which_specs: list[SourceSpec]) -> Iterator[tuple[int, tuple[list[int], list[int] | None]]]:
+        docs = [_documents(s, tokenizer, masked_chat=args.chat) for s in which_specs]
+        return _mix(docs, [s.share for s in which_specs], size=lambda doc: len(doc[0]))
+
+    with (_TokenWriter(out / "train", source=name, cap=train_cap, **common) as train,
+          _TokenWriter(out / "valid", source=args.valid_source or name, cap=args.valid_rows, **common) as valid):
         writers = {"train": train, "valid": valid}
         packers = {"train": _Packer(args.seq_len), "valid": _Packer(args.seq_len)}
 
-        def feed(which: str, ids: list[int], mask: list[int] | None) -> None:
+        def feed(which: str, k: int, ids: list[int], mask: list[int] | None) -> None:
+            counts[which][k][0] += 1
+            counts[which][k][1] += len(ids)
             if args.chat and args.chat_layout == "pad":
                 writers[which].append(*_pad_row(ids, mask, args.seq_len, pad_id))
                 return
@@ -544,30 +713,36 @@ def tokenize(args: TokenizeArgs) -> dict[str, Path]:
             if got is not None:
                 writers[which].append(*got)
 
-        for i, (ids, mask) in enumerate(_documents(args, tokenizer, args.source)):
+        for i, (k, (ids, mask)) in enumerate(stream(specs)):
             if args.valid_source is not None:
                 which = "train"
             elif args.valid_rows is not None:
                 which = "train" if valid.full else "valid"
             else:
                 which = "valid" if _in_valid(i, args.valid_fraction) else "train"
-            feed(which, ids, mask)
+            feed(which, k, ids, mask)
             if train.full:
                 break
         if args.valid_source is not None:
-            for ids, mask in _documents(args, tokenizer, args.valid_source):
-                feed("valid", ids, mask)
+            for k, (ids, mask) in stream(valid_specs):
+                feed("valid", k, ids, mask)
                 if valid.full:
                     break
         if train.rows == 0 and valid.rows == 0:
-            raise LRCError(f"source {args.source!r} gave no complete row of {args.seq_len} tokens (empty corpus?)")
+            raise LRCError(f"source {name!r} gave no complete row of {args.seq_len} tokens (empty corpus?)")
         if valid.rows == 0:
-            raise LRCError(f"no validation rows from {args.valid_source or args.source!r}: "
+            raise LRCError(f"no validation rows from {args.valid_source or name!r}: "
                            "raise --valid-fraction or --valid-rows, or give --valid-source")
         if train.rows == 0:
-            raise LRCError(f"source {args.source!r}: no training rows left after the validation split")
-        # Commit only once both are complete, so a failure leaves neither behind.
-        return {"train": train.commit(), "valid": valid.commit()}
+            raise LRCError(f"source {name!r}: no training rows left after the validation split")
+
+        def records(which: str, which_specs: list[SourceSpec]) -> list[dict]:
+            return [{**asdict(s), "documents": d, "document_tokens": t}
+                    for s, (d, t) in zip(which_specs, counts[which])]
+
+        # Both are renamed into place only when this block ends without error.
+        return {"train": train.commit(records("train", specs)),
+                "valid": valid.commit(records("valid", valid_specs))}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

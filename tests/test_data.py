@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from lrc.data import (
     main,
     read_manifest,
     tokenize,
+    text_ids,
     tokenizer_fingerprint,
     write_tokens,
 )
@@ -254,3 +256,123 @@ def test_dataset_repository_goes_through_datasets_streaming(tmp_path, tok_dir, c
     with pytest.raises(LRCError, match="cannot load dataset .*repo.* split 'test'"):
         tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(repo), out=tmp_path / "x", seq_len=16, split="test",
                               text_field="content"))
+
+
+# ---------------------------------------------------------------------------------------
+# Revision, row filter and mixtures (the paper's FineWeb-Edu >= 4 + OpenHermes corpus)
+
+
+def _jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_filter_keeps_exactly_the_records_at_or_above_the_threshold(tmp_path, tok_dir):
+    scored = [{"text": d, "metadata": {"int_score": i % 6}} for i, d in enumerate(DOCS)]
+    src = _jsonl(tmp_path / "scored.jsonl", scored)
+    kept = _jsonl(tmp_path / "kept.jsonl", [r for r in scored if r["metadata"]["int_score"] >= 4])
+    filtered = tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(src), out=tmp_path / "f", seq_len=16,
+                                     valid_rows=1, filter_field="metadata.int_score", filter_min=4))
+    reference = tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(kept), out=tmp_path / "r", seq_len=16, valid_rows=1))
+    assert (filtered["train"] / "tokens.bin").read_bytes() == (reference["train"] / "tokens.bin").read_bytes()
+    m = read_manifest(filtered["train"])
+    (entry,) = m["sources"]
+    assert entry["filter_field"] == "metadata.int_score" and entry["filter_min"] == 4
+    n_valid = read_manifest(filtered["valid"])["sources"][0]["documents"]
+    assert entry["documents"] + n_valid == len(kept.read_text().splitlines())
+    with pytest.raises(LRCError, match="source .*scored.jsonl: record has no field 'metadata.score'"):
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(src), out=tmp_path / "x", seq_len=16,
+                              filter_field="metadata.score", filter_min=4))
+    with pytest.raises(LRCError, match="filter_field and filter_min together"):
+        TokenizeArgs(tokenizer=str(tok_dir), source=str(src), out=tmp_path / "x", seq_len=16, filter_field="x")
+
+
+def test_revision_reaches_datasets_and_the_manifest(tmp_path, tok_dir, corpus, monkeypatch):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    pq.write_table(pa.table({"text": DOCS}), repo / "data" / "train-00000-of-00001.parquet")
+    seen, real = [], datasets.load_dataset
+
+    def spy(*a, **kw):  # records the call, then loads for real
+        seen.append(kw.get("revision"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(datasets, "load_dataset", spy)
+    written = tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(repo), revision="v1.0", out=tmp_path / "t",
+                                    seq_len=16, valid_rows=1))
+    assert seen == ["v1.0"]
+    assert read_manifest(written["train"])["sources"][0]["revision"] == "v1.0"
+    with pytest.raises(LRCError, match="revision applies to dataset repositories"):
+        TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), revision="v1.0", out=tmp_path / "x", seq_len=16)
+
+
+def _segments(ids, eos):
+    """The documents of a token stream: the spans that start at an eos."""
+    starts = [i for i, t in enumerate(ids) if t == eos]
+    return [ids[a:b] for a, b in zip(starts, starts[1:] + [len(ids)])]
+
+
+def test_mixture_interleaves_sources_by_share_and_renders_chat(tmp_path, tok_dir, tok):
+    towns = [f"Town {i} has a bakery and {i} bakers." for i in range(400)]
+    text = _jsonl(tmp_path / "towns.jsonl", [{"body": t, "score": 5} for t in towns])
+    chats = _jsonl(tmp_path / "chats.jsonl", [{"conversations": [
+        {"from": "system", "value": "Answer briefly."},
+        {"from": "human", "value": f"Where does person {i} live?"},
+        {"from": "gpt", "value": f"In town {i % 7}."}]} for i in range(400)])
+    mixture = tmp_path / "mix.yaml"
+    mixture.write_text(f"""sources:
+  - {{source: {text}, text_field: body, filter_field: score, filter_min: 4, share: 3}}
+  - {{source: {chats}, messages_field: conversations, chat: true, share: 1}}
+""")
+    written = tokenize(TokenizeArgs(tokenizer=str(tok_dir), mixture=mixture, out=tmp_path / "mix", seq_len=32,
+                                    valid_rows=1, max_tokens=32 * 60))
+    train = TokenDataset(written["train"])
+    assert not train.has_mask and len(train) == 60
+    ids = torch.cat([train[i]["input_ids"] for i in range(len(train))]).tolist()
+
+    def rendered(i):
+        return tok.apply_chat_template([{"role": "system", "content": "Answer briefly."},
+                                        {"role": "user", "content": f"Where does person {i} live?"},
+                                        {"role": "assistant", "content": f"In town {i % 7}."}], tokenize=False)
+
+    # Each chat document is eos + the conversation in the chat template + bos, like any text.
+    text = tok.decode(ids)
+    chat_found = [int(n) for n in re.findall(r"Where does person (\d+) live\?", text)]
+    town_found = [int(n) for n in re.findall(r"Town (\d+) has a bakery", text)]
+    assert chat_found and town_found
+    _find(ids, text_ids(tok, rendered(chat_found[1])))
+    chat_tokens = sum(len(text_ids(tok, rendered(i))) for i in chat_found)
+    town_tokens = sum(len(text_ids(tok, towns[i])) for i in town_found)
+    longest = max(len(text_ids(tok, rendered(i))) for i in chat_found)
+    total = chat_tokens + town_tokens  # ~ len(ids); documents cut at either end are not counted
+    assert total > len(ids) - 2 * longest
+    assert abs(chat_tokens / total - 0.25) <= 2 * longest / total  # within a document of its share
+    m = read_manifest(written["train"])
+    assert m["source"] == str(mixture) and [s["share"] for s in m["sources"]] == [3, 1]
+    assert m["sources"][1]["chat"] and m["sources"][0]["filter_field"] == "score"
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("{source: DIR/a.jsonl, shares: 2}", r"sources\[1\] \(.*a.jsonl\): unknown key\(s\) \['shares'\]"),
+    ("{source: DIR/a.jsonl, share: 0}", r"sources\[1\] \(.*a.jsonl\): share must be positive"),
+    ("{source: DIR/a.jsonl, share: lots}", r"sources\[1\] \(.*a.jsonl\): share must be a number"),
+    ("{split: train}", r"sources\[1\] \(no source\): each entry must be a mapping with a 'source'"),
+    ("{source: DIR/a.jsonl, revision: main}", r"sources\[1\] \(.*a.jsonl\): revision applies to dataset repositories"),
+])
+def test_bad_mixture_entry_names_the_file_and_source(tmp_path, tok_dir, corpus, entry, message):
+    mixture = tmp_path / "mix.yaml"
+    mixture.write_text(f"sources:\n  - {{source: {corpus}}}\n  - {entry.replace('DIR', str(tmp_path))}\n")
+    with pytest.raises(LRCError, match=message):
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), mixture=mixture, out=tmp_path / "t", seq_len=16))
+    assert not (tmp_path / "t" / "train").exists()
+
+
+def test_mixture_and_source_exclude_each_other(tmp_path, tok_dir, corpus):
+    with pytest.raises(LRCError, match="exactly one of --source and --mixture"):
+        TokenizeArgs(tokenizer=str(tok_dir), out=tmp_path / "t", seq_len=16)
+    with pytest.raises(LRCError, match="exactly one of --source and --mixture"):
+        TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), mixture=tmp_path / "m.yaml", out=tmp_path / "t", seq_len=16)
