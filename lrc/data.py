@@ -622,6 +622,9 @@ def _documents(spec: SourceSpec, tokenizer: Any, *, masked_chat: bool) -> Iterat
     """Token ids of each kept record: with ``masked_chat`` (SFT data) a rendered conversation
     and its assistant mask; otherwise ``eos + text + bos``, where a chat source's text is its
     conversation rendered with the chat template."""
+    if spec.chat and not getattr(tokenizer, "chat_template", None):
+        raise LRCError(f"source {spec.source}: a chat source needs a tokenizer with a chat template; "
+                       f"{getattr(tokenizer, 'name_or_path', '')!r} has none")
     records = (r for r in iter_records(spec.source, split=spec.split, dataset_config=spec.dataset_config,
                                        revision=spec.revision) if spec.keeps(r))
     if masked_chat:

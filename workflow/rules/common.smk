@@ -194,7 +194,11 @@ def exp_pattern(hub):
 def tokenize_source(wildcards):
     if is_world(wildcards.exp):
         return {"world": f"results/{wildcards.exp}/world"}
-    return {"teacher": f"results/{wildcards.exp}/teacher"}
+    inputs = {"teacher": f"results/{wildcards.exp}/teacher"}
+    mixture = X(wildcards.exp)["data"][wildcards.kind].get("mixture")
+    if mixture:  # an input, so editing the mixture file re-runs the tokenisation
+        inputs["mixture"] = mixture
+    return inputs
 
 
 def tokenize_paths(wildcards, input):
