@@ -1,6 +1,6 @@
 """Atomic outputs: a reader (or a restarted job) never sees a half-written file or directory.
 
-Every stage writes its output through these two helpers, so a failed or killed job leaves
+Every stage writes its output through these helpers, so a failed or killed job leaves
 the previous output (if any) untouched and at most a hidden temporary that the next run
 removes.
 """
@@ -16,18 +16,29 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to a temporary sibling of ``path``, then rename it over ``path``."""
+@contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling of ``path`` to write; on success it is renamed over ``path``.
+
+    The temporary keeps ``path``'s suffix, for writers that pick a format from it
+    (matplotlib's savefig). On an exception it is removed and ``path`` is left as it was.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp{path.suffix}")
     try:
-        tmp.write_text(text)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to a temporary sibling of ``path``, then rename it over ``path``."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:

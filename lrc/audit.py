@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from lrc.atomic import atomic_dir, atomic_file
 from lrc.errors import LRCError
 from lrc.reach import ARMS
 from lrc.student import SUPPORTED_MODEL_TYPES
@@ -181,13 +181,10 @@ def main(argv=None) -> int:
         total = sum(r["energy"] for r in per_layer)
         print(f"student MLP energy outside the teacher's spaces: {100 * sum(r['outside'] for r in per_layer) / total:.2f}%")
     if args.csv is not None:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.csv.with_name(args.csv.name + ".tmp")
-        with tmp.open("w", newline="") as fh:
+        with atomic_file(args.csv) as tmp, tmp.open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(rows[0].keys()) + (["occupancy"] if per_layer else []))
             writer.writeheader()
             writer.writerows(rows)
-        tmp.replace(args.csv)
     return 0
 
 
@@ -216,17 +213,12 @@ def _audit_student(args, cfg, rows) -> list[dict]:
         print(f"layer {r['layer']:>3} {r['weight']:<9} occupancy {100 * r['occupancy']:.3f}%", file=sys.stderr)
     if args.knockout is not None:
         knockout(teacher, student, bases)
-        tmp = args.knockout.with_name(args.knockout.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        student.save_pretrained(tmp)
-        if (args.student / "tokenizer_config.json").is_file():
-            from transformers import AutoTokenizer
+        with atomic_dir(args.knockout) as tmp:
+            student.save_pretrained(tmp)
+            if (args.student / "tokenizer_config.json").is_file():
+                from transformers import AutoTokenizer
 
-            AutoTokenizer.from_pretrained(args.student).save_pretrained(tmp)
-        removed = sum(r["outside"] for r in per_layer) / sum(r["energy"] for r in per_layer)
-        write_settings(tmp, "audit --knockout", args, removed_mlp_energy_fraction=removed)
-        if args.knockout.exists():
-            shutil.rmtree(args.knockout)
-        tmp.rename(args.knockout)
+                AutoTokenizer.from_pretrained(args.student).save_pretrained(tmp)
+            removed = sum(r["outside"] for r in per_layer) / sum(r["energy"] for r in per_layer)
+            write_settings(tmp, "audit --knockout", args, removed_mlp_energy_fraction=removed)
     return per_layer

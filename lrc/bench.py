@@ -39,6 +39,7 @@ from typing import Literal, Sequence
 
 import torch
 
+from lrc.atomic import atomic_file, write_json_atomic
 from lrc.cli import check_choice, parse_args
 from lrc.errors import LRCError
 
@@ -253,16 +254,12 @@ def describe(args: BenchArgs, device: str) -> dict:
 
 
 def write_csv(rows: list[dict], context: dict, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     fields = list(rows[0]) + list(context)
-    with open(tmp, "w", newline="") as fh:
+    with atomic_file(path) as tmp, open(tmp, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
         for row in rows:
             writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in (row | context).items()})
-    os.replace(tmp, path)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -286,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The output is a file: its provenance goes next to it, as FILE.settings.json.
     record = provenance("bench", args) | {"table": rows, "context": context}
     side = Path(str(args.out) + ".settings.json")
-    side.write_text(json.dumps(to_jsonable(record), indent=2) + "\n")
+    write_json_atomic(side, to_jsonable(record))
     print(format_table(rows))
     print(f"wrote {args.out}")
     return 0

@@ -11,11 +11,11 @@ from __future__ import annotations
 import fnmatch
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from lrc.atomic import atomic_dir
 from lrc.errors import LRCError
 
 # What a teacher needs: weights (safetensors and their index), configs, tokenizer files.
@@ -83,19 +83,11 @@ def copy_teacher_files(snapshot: Path, out: Path, *, repo_id: str, revision: str
         json.loads((snapshot / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise LRCError(f"{repo_id!r}: unreadable config.json ({err})") from err
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         for name in keep:
             shutil.copyfile(snapshot / name, tmp / name)  # follows the cache's symlinks
         if before_commit is not None:
             before_commit(tmp, keep)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return keep
 
 

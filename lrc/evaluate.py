@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, Literal, Sequence
 import torch
 import yaml
 
+from lrc.atomic import write_json_atomic
 from lrc.errors import LRCError
 
 
@@ -342,18 +342,7 @@ def _version(package: str) -> str | None:
 
 
 def write_json(path: Path, record: dict[str, Any]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_json_atomic(path, record)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from lrc.atomic import atomic_file
 from lrc.cli import parse_args
 from lrc.errors import LRCError
 
@@ -93,7 +94,5 @@ def _aggregate_name(table: pd.DataFrame) -> str:
 
 def save(figure, path: Path, dpi: int) -> None:
     """Save atomically: to a temporary name with the same suffix, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    figure.savefig(tmp, dpi=dpi)
-    tmp.replace(path)
+    with atomic_file(path) as tmp:
+        figure.savefig(tmp, dpi=dpi)

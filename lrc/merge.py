@@ -16,13 +16,12 @@ when the max abs difference is within ``atol``; ``merge_check.json`` records the
 from __future__ import annotations
 
 import copy
-import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from lrc.atomic import atomic_dir, write_json_atomic
 from lrc.errors import LRCError
 
 MERGE_CHECK = "merge_check.json"
@@ -72,15 +71,17 @@ def _logits(model, ids):
 
 def save_merged(student, out_dir, *, tokenizer=None, check_ids=None, atol: float = 1e-5) -> dict:
     """Save the merged student to ``out_dir`` and verify it by reloading; returns the check."""
-    from transformers import AutoModelForCausalLM
-
-    out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
     merged = merge_student(student)
     if check_ids is None:
         check_ids = default_check_ids(student.config.vocab_size)
+    with atomic_dir(out_dir) as tmp:  # a failed check raises: nothing is left behind
+        return _save_and_check(student, merged, tmp, tokenizer, check_ids, atol)
+
+
+def _save_and_check(student, merged, tmp: Path, tokenizer, check_ids, atol: float) -> dict:
+    """Save into ``tmp``, reload, compare logits, record merge_check.json; raise on a failed check."""
+    from transformers import AutoModelForCausalLM
+
     merged.save_pretrained(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
@@ -103,13 +104,9 @@ def save_merged(student, out_dir, *, tokenizer=None, check_ids=None, atol: float
         "hidden_size": reloaded.config.hidden_size,
         "arm": getattr(student, "lrc_info", {}).get("arm"),
     }
-    (tmp / MERGE_CHECK).write_text(json.dumps(check, indent=2) + "\n")
+    write_json_atomic(tmp / MERGE_CHECK, check)
     if not check["passed"]:
-        shutil.rmtree(tmp)
         raise LRCError(f"merge check failed: reloaded logits differ from the training student's by {diff:.3g} > atol {atol:g}")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
     return check
 
 

@@ -7,7 +7,6 @@ be traced back to the exact settings and code that made it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import lrc
+from lrc.atomic import write_json_atomic
 
 SETTINGS_FILE = "settings.json"
 _LIBRARIES = ("torch", "transformers", "accelerate", "datasets", "lm_eval", "tokenizers")
@@ -71,8 +71,4 @@ def write_settings(out_dir: str | Path, command: str, settings: Any, **extra: An
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     record = provenance(command, settings) | to_jsonable(extra)
-    path = out / SETTINGS_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
-    tmp.replace(path)
-    return path
+    return write_json_atomic(out / SETTINGS_FILE, record)

@@ -17,13 +17,13 @@ student of this teacher and a loud warning is printed (``--strict`` makes it an 
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from lrc.atomic import write_json_atomic
 from lrc.errors import LRCError
 from lrc.student import build_student, check_teacher, save_lrc_state
 
@@ -131,9 +131,7 @@ def main(argv=None) -> int:
             raise LRCError(msg)
         print("WARNING: " + msg, file=sys.stderr)
     save_lrc_state(student, args.out, recovered_from=str(args.merged), max_relative_residual=report["max_relative_residual"])
-    tmp = args.out / (RECOVER_REPORT + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(args.out / RECOVER_REPORT)
+    write_json_atomic(args.out / RECOVER_REPORT, report)
     write_settings(args.out, "recover", args, max_relative_residual=report["max_relative_residual"])
     print(f"recovered factors into {args.out}: max relative residual {report['max_relative_residual']:.3g} ({report['worst_weight']})")
     return 0

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from lrc.atomic import atomic_file, write_json_atomic
 from lrc.errors import LRCError
 
 MLP_KINDS = ("gate", "up", "down")
@@ -141,12 +142,9 @@ def save_bases(bases: TeacherBases, out_dir: str | Path) -> Path:
     tensors = {f"layers.{k}.U": v for k, v in bases.U.items()}
     tensors |= {f"layers.{k}.S": v for k, v in bases.S.items()}
     tensors |= {"embed.V": bases.embed_V, "embed.S": bases.embed_S}
-    tmp = out / (BASES_FILE + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    tmp.replace(out / BASES_FILE)
-    tmp_meta = out / (BASES_META + ".tmp")
-    tmp_meta.write_text(json.dumps(bases.meta, indent=2) + "\n")
-    tmp_meta.replace(out / BASES_META)
+    with atomic_file(out / BASES_FILE) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    write_json_atomic(out / BASES_META, bases.meta)
     return out
 
 

@@ -43,6 +43,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from transformers.initialization import no_init_weights
 
+from lrc.atomic import atomic_file, write_text_atomic
 from lrc.errors import LRCError
 from lrc.reach import ARMS, FactorTimesTeacher, TeacherTimesFactor, TeacherTimesFactorT, apply_arm
 
@@ -222,13 +223,10 @@ def save_lrc_state(student, out_dir: str | Path, **meta) -> Path:
         raise LRCError("save_lrc_state: not an LRC student (built by lrc.student.build_student)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (STATE_FILE + ".tmp")
-    save_model(student, str(tmp))  # stores a shared (tied) factor once
-    tmp.replace(out / STATE_FILE)
+    with atomic_file(out / STATE_FILE) as tmp:
+        save_model(student, str(tmp))  # stores a shared (tied) factor once
     record = dict(info) | {"meta": meta}
-    tmp_meta = out / (STATE_META + ".tmp")
-    tmp_meta.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    tmp_meta.replace(out / STATE_META)
+    write_text_atomic(out / STATE_META, json.dumps(record, indent=2, default=str) + "\n")
     return out
 
 

@@ -22,6 +22,7 @@ from typing import Any, Literal, Sequence
 
 import pandas as pd
 
+from lrc.atomic import atomic_file
 from lrc.cli import parse_args
 from lrc.errors import LRCError
 
@@ -220,9 +221,6 @@ def audit_table(paths: Sequence[Path]) -> pd.DataFrame:
 
 def write_csv(frame: pd.DataFrame, out: Path) -> Path:
     """Write atomically (temporary name, then rename), numbers rounded to 4 decimals."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    frame.round(4).to_csv(tmp, index=False)
-    tmp.replace(out)
-    return out
+    with atomic_file(out) as tmp:
+        frame.round(4).to_csv(tmp, index=False)
+    return Path(out)

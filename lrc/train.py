@@ -60,6 +60,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lrc import checkpoint as ckpt
+from lrc.atomic import atomic_file, write_text_atomic
 from lrc.errors import LRCError
 
 SCHEDULES = ("linear", "cosine", "constant")
@@ -456,21 +457,17 @@ def _truncate_metrics(path: Path, upto_step: int) -> None:
                 keep.append(line)
         except (ValueError, KeyError, TypeError):
             pass  # a line torn by the kill
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(line + "\n" for line in keep))
 
 
 def _copy_metrics(accelerator, ckpt_dir: Path, out_dir: Path) -> None:
     if accelerator.is_main_process:
-        out_dir.mkdir(parents=True, exist_ok=True)
         src = ckpt_dir / ckpt.METRICS_FILE
-        tmp = out_dir / (".tmp-" + ckpt.METRICS_FILE)
-        if src.is_file():
-            shutil.copyfile(src, tmp)
-        else:
-            tmp.write_text("")
-        os.replace(tmp, out_dir / ckpt.METRICS_FILE)
+        with atomic_file(out_dir / ckpt.METRICS_FILE) as tmp:
+            if src.is_file():
+                shutil.copyfile(src, tmp)
+            else:
+                tmp.write_text("")
     accelerator.wait_for_everyone()
 
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Sequence
 
+from lrc.atomic import atomic_dir
 from lrc.errors import LRCError
 from lrc.world.generator import FACTS, World, WorldSize, build_world, corpus_documents, sft_conversations
 from lrc.world.tasks import write_tasks
@@ -176,21 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(WorldArgs, argv, prog="lrc world")
     size, teacher_sizes = args.resolved_size(), args.teacher_sizes()
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         # Task YAMLs record absolute data paths: generate under the final name's parent,
         # then point them at the final location before the rename.
         record = generate(tmp, size, teacher_sizes, args.seed, args.size)
         for yaml_file in (tmp / "tasks").glob("*.yaml"):
             yaml_file.write_text(yaml_file.read_text().replace(str(tmp.resolve()), str(out.resolve())))
         write_settings(tmp, "world", args, world_size=vars(size), teacher=teacher_sizes)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     print(f"{out}: {size.people} people, {record['corpus_tokens']['train']} training tokens, "
           f"{record['single_token_names']:.0%} single-token names")
     return 0
