@@ -24,6 +24,7 @@ import yaml
 
 from lrc.atomic import write_json_atomic
 from lrc.errors import LRCError
+from lrc.world.tasks import load_suite
 
 
 @dataclass(kw_only=True)
@@ -57,12 +58,6 @@ class EvaluateArgs:
 
 # ---------------------------------------------------------------------------------------
 # The lm-eval call
-
-
-def load_suite(name: str) -> dict[str, Any]:
-    from lrc.world.tasks import load_suite as _load
-
-    return _load(name)
 
 
 def selected_tasks(suite: dict[str, Any], only: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -283,7 +278,7 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
     from lm_eval.models.huggingface import HFLM
 
     from lrc.data import check_vocab, load_tokenizer
-    from lrc.provenance import provenance
+    from lrc.provenance import library_versions, provenance
 
     if args.threads:
         # On a shared CPU, fewer threads than torch's default avoid oversubscription stalls.
@@ -326,23 +321,10 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
         "tasks": task_results,
         "aggregate": {"name": suite["aggregate"], "value": sum(values) / len(values)},
         "extra": extra,
-        "lm_eval": {"version": lm_eval.__version__ if hasattr(lm_eval, "__version__") else _version("lm_eval"),
+        "lm_eval": {"version": library_versions()["lm_eval"],
                     "num_fewshot": args.num_fewshot, "batch_size": args.batch_size, "limit": call["limit"]},
         "settings": provenance("evaluate", args),
     }
-
-
-def _version(package: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(package.replace("_", "-"))
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def write_json(path: Path, record: dict[str, Any]) -> Path:
-    return write_json_atomic(path, record)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -350,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(EvaluateArgs, argv, prog="lrc evaluate")
     record = evaluate(args)
-    write_json(args.out, record)
+    write_json_atomic(args.out, record)
     summary = ", ".join(f"{k} {v['metric']} {v['value']:.3f}" for k, v in record["tasks"].items())
     print(f"{record['model']}: {record['aggregate']['name']} {record['aggregate']['value']:.4f} ({summary})")
     return 0
