@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from lrc.atomic import atomic_dir, write_json_atomic  # noqa: F401  (re-exported for the loop)
+from lrc.atomic import write_json_atomic  # noqa: F401  (re-exported: tests write state files through it)
 
 STATE_FILE = "trainer_state.json"
 TRAINABLE_FILE = "trainable.safetensors"

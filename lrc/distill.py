@@ -29,7 +29,7 @@ from lrc.cli import check_choice, parse_args
 from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
 from lrc.provenance import write_settings
-from lrc.train import TrainArgs, default_ckpt_dir, is_main_process, open_token_data, train, train_args_from
+from lrc.train import TrainArgs, is_main_process, open_token_data, train, train_args_from
 
 
 @dataclass(kw_only=True)
@@ -98,8 +98,6 @@ def _train_and_save(command: str, args: _DistillCommon, teacher, student, datase
     from lrc.student import save_lrc_state
 
     targs = train_args_from(args)
-    if targs.ckpt_dir is None:
-        targs.ckpt_dir = default_ckpt_dir(args.out)
     objective = CloneObjective(teacher, student, _recipe(args))
     summary = train(objective, student, dataset, targs, args.out)
     objective.close()

@@ -22,7 +22,7 @@ from lrc.cli import parse_args
 from lrc.errors import LRCError
 from lrc.objectives import LMObjective
 from lrc.provenance import write_settings
-from lrc.train import TrainArgs, default_ckpt_dir, is_main_process, open_token_data, train, train_args_from
+from lrc.train import TrainArgs, is_main_process, open_token_data, train, train_args_from
 
 
 @dataclass(kw_only=True)
@@ -73,8 +73,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(PretrainArgs, argv, prog="lrc pretrain")
     targs = train_args_from(args)
-    if targs.ckpt_dir is None:
-        targs.ckpt_dir = default_ckpt_dir(args.out)
     if targs.threads:
         torch.set_num_threads(targs.threads)
     config = load_model_config(args.model_config)

@@ -18,7 +18,7 @@ from lrc.cli import parse_args
 from lrc.errors import LRCError
 from lrc.objectives import LMObjective
 from lrc.pretrain import save_hf_output
-from lrc.train import TrainArgs, default_ckpt_dir, open_token_data, train, train_args_from
+from lrc.train import TrainArgs, open_token_data, train, train_args_from
 
 
 @dataclass(kw_only=True)
@@ -64,8 +64,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.tokens is None:
         args.tokens = int(round(args.epochs * len(dataset))) * dataset.seq_len
     targs = train_args_from(args)
-    if targs.ckpt_dir is None:
-        targs.ckpt_dir = default_ckpt_dir(args.out)
     model = load_hf_model(args.model)
     check_vocab(dataset, model)
     model.requires_grad_(True)

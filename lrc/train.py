@@ -60,8 +60,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lrc import checkpoint as ckpt
-from lrc.atomic import atomic_file, write_text_atomic
+from lrc.atomic import atomic_file, write_json_atomic, write_text_atomic
+from lrc.cli import check_choice
 from lrc.errors import LRCError
+from lrc.student import trainable_parameters
 
 SCHEDULES = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -99,10 +101,8 @@ class TrainArgs:
         for name in ("batch_size", "micro_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise LRCError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.schedule not in SCHEDULES:
-            raise LRCError(f"unknown --schedule {self.schedule!r}; choose one of: {', '.join(SCHEDULES)}")
-        if self.precision not in PRECISIONS:
-            raise LRCError(f"unknown --precision {self.precision!r}; choose one of: {', '.join(PRECISIONS)}")
+        check_choice("--schedule", self.schedule, SCHEDULES)
+        check_choice("--precision", self.precision, PRECISIONS)
         if not 0.0 <= self.warmup < 1.0:
             raise LRCError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
         if len(self.betas) != 2:
@@ -178,10 +178,6 @@ def _fingerprint(args: TrainArgs, seq_len: int, n_rows: int) -> dict[str, Any]:
     return {name: getattr(args, name) for name in _FINGERPRINT_FIELDS} | {"seq_len": seq_len, "rows": n_rows}
 
 
-def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
 def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: TrainArgs, out_dir: str | Path) -> dict[str, Any]:
     """Train ``model``'s trainable parameters on ``objective``; resume from ``args.ckpt_dir``.
 
@@ -230,7 +226,7 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     set_seed(args.seed)
     fingerprint = _fingerprint(args, seq_len, n_rows)
 
-    params = _trainable(model)
+    params = trainable_parameters(model)
     if not params:
         raise LRCError("the model has no trainable parameters (none with requires_grad=True)")
     decay = [p for _, p in params if p.ndim >= 2]
@@ -384,7 +380,7 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
         # Nothing trained: still leave a final state, so a rerun finds the job done.
         _save_checkpoint(accelerator, bare, ckpt_dir, 0, fingerprint, fsdp)
     if accelerator.is_main_process:
-        ckpt.write_json_atomic(ckpt_dir / ckpt.DONE_FILE, {"step": steps, "summary": summary})
+        write_json_atomic(ckpt_dir / ckpt.DONE_FILE, {"step": steps, "summary": summary})
         ckpt.prune(ckpt_dir, keep=1)
     _copy_metrics(accelerator, ckpt_dir, out_dir)
     accelerator.print(f"trained {summary['tokens']:,} tokens in {steps} steps; peak memory {summary['peak_memory_mib']:.0f} MiB")
@@ -420,10 +416,10 @@ def _save_checkpoint(accelerator, bare: torch.nn.Module, ckpt_dir: Path, step: i
     accelerator.wait_for_everyone()  # ... and has finished before tmp is renamed
     if accelerator.is_main_process:
         if not fsdp:
-            tensors = {n: p.detach().to("cpu").contiguous() for n, p in _trainable(bare)}
+            tensors = {n: p.detach().to("cpu").contiguous() for n, p in trainable_parameters(bare)}
             save_file(tensors, str(tmp / ckpt.TRAINABLE_FILE))
         state = {"step": step, "data_position": step, "fingerprint": fingerprint}
-        ckpt.write_json_atomic(tmp / ckpt.STATE_FILE, state)
+        write_json_atomic(tmp / ckpt.STATE_FILE, state)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -435,7 +431,7 @@ def _load_trainable(bare: torch.nn.Module, path: Path) -> None:
     from safetensors.torch import load_file
 
     saved = load_file(str(path))
-    params = dict(_trainable(bare))
+    params = dict(trainable_parameters(bare))
     if set(saved) != set(params):
         missing, extra = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
         raise LRCError(f"checkpoint {path} does not match the model's trainable parameters (missing {missing[:3]}, unexpected {extra[:3]})")
