@@ -29,6 +29,7 @@ import torch
 from lrc.atomic import atomic_dir, atomic_file
 from lrc.errors import LRCError
 from lrc.reach import ARMS
+from lrc.spectral import MLP_KINDS
 from lrc.student import SUPPORTED_MODEL_TYPES
 
 FULL_REACH = ("dense", "core", "randcomp")
@@ -115,7 +116,7 @@ def occupancy(teacher, student, bases=None) -> list[dict]:
     get = _mlp_bases(teacher, bases)
     out = []
     for i in range(teacher.config.num_hidden_layers):
-        for kind in ("gate", "up", "down"):
+        for kind in MLP_KINDS:
             w, u = _column_oriented(student, i, kind), get(i, kind)
             rest = w - u @ (u.T @ w)
             total, outside = w.pow(2).sum().item(), rest.pow(2).sum().item()
@@ -128,7 +129,7 @@ def knockout(teacher, student, bases=None) -> None:
     """Project every MLP weight of ``student`` (a plain model) onto the teacher's space, in place."""
     get = _mlp_bases(teacher, bases)
     for i in range(teacher.config.num_hidden_layers):
-        for kind in ("gate", "up", "down"):
+        for kind in MLP_KINDS:
             proj = getattr(student.model.layers[i].mlp, f"{kind}_proj")
             w, u = _column_oriented(student, i, kind), get(i, kind)
             kept = u @ (u.T @ w)

@@ -32,8 +32,10 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from lrc.cli import check_choice
 from lrc.errors import LRCError
 from lrc.reach import down_clone_map
+from lrc.student import freeze_teacher
 
 RECIPES = ("lrc", "kl")
 KL_REDUCTIONS = ("batchmean", "token")
@@ -54,10 +56,8 @@ class RecipeArgs:
     clone_layers: list[int] | None = field(default=None, metadata={"help": "layers whose clone terms count (default: all)"})
 
     def __post_init__(self):
-        if self.recipe not in RECIPES:
-            raise LRCError(f"unknown recipe {self.recipe!r}; choose one of: {', '.join(RECIPES)}")
-        if self.kl_reduction not in KL_REDUCTIONS:
-            raise LRCError(f"unknown kl_reduction {self.kl_reduction!r}; choose one of: {', '.join(KL_REDUCTIONS)}")
+        check_choice("recipe", self.recipe, RECIPES)
+        check_choice("kl_reduction", self.kl_reduction, KL_REDUCTIONS)
         if not self.temperature > 0:
             raise LRCError(f"temperature must be positive, got {self.temperature!r}")
         if self.ce_weight is None:
@@ -79,9 +79,8 @@ def kl_divergence(teacher_logits, student_logits, temperature: float, mask=None,
     total = (per_pos * mask).sum()
     if reduction == "batchmean":
         return total / per_pos.shape[0]
-    if reduction == "token":
-        return total / mask.sum().clamp_min(1)
-    raise LRCError(f"unknown kl_reduction {reduction!r}; choose one of: {', '.join(KL_REDUCTIONS)}")
+    check_choice("kl_reduction", reduction, KL_REDUCTIONS)
+    return total / mask.sum().clamp_min(1)
 
 
 def next_token_ce(logits, input_ids, loss_mask=None):
@@ -151,9 +150,7 @@ class CloneObjective:
         if not isinstance(recipe, RecipeArgs):
             raise LRCError("CloneObjective needs a lrc.clone.RecipeArgs")
         self.teacher, self.student, self.recipe = teacher, student, recipe
-        teacher.eval()
-        for p in teacher.parameters():
-            p.requires_grad_(False)
+        freeze_teacher(teacher)
         n_layers = teacher.config.num_hidden_layers
         layers = list(range(n_layers)) if recipe.clone_layers is None else list(recipe.clone_layers)
         bad = [i for i in layers if not 0 <= i < n_layers]

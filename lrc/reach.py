@@ -43,9 +43,9 @@ from torch.nn.utils import parametrize
 
 from lrc.cli import check_choice
 from lrc.errors import LRCError
+from lrc.spectral import MLP_KINDS
 
 ARMS = ("slice", "dense", "core", "confined", "randcomp")
-MLP_KINDS = ("gate", "up", "down")
 DOWN_FACTOR_BUFFER = "lrc_down_factor"
 
 

@@ -34,9 +34,8 @@ def _solve(teacher_w: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor,
     """Least-squares X with teacher_w @ X ≈ target, and the relative residual."""
     a, b = teacher_w.detach().double().cpu(), target.detach().double().cpu()
     x = torch.linalg.lstsq(a, b, driver="gelsd").solution
-    denom = b.norm().item()
-    rel = (a @ x - b).norm().item() / denom if denom > 0 else float((a @ x - b).norm().item())
-    return x, rel
+    res, denom = (a @ x - b).norm().item(), b.norm().item()
+    return x, (res / denom if denom > 0 else res)
 
 
 def recover_student(teacher, merged):

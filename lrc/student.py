@@ -44,6 +44,7 @@ from torch.nn.utils import parametrize
 from transformers.initialization import no_init_weights
 
 from lrc.atomic import atomic_file, write_text_atomic
+from lrc.cli import check_choice
 from lrc.errors import LRCError
 from lrc.reach import ARMS, FactorTimesTeacher, TeacherTimesFactor, TeacherTimesFactorT, apply_arm
 
@@ -158,8 +159,7 @@ class _FactorInit:
 def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: float = 0.02, bases=None, seed: int = 0, norm_eps: float | None = None):
     """The plain-LRC (`slice`) student of width ``hidden_size`` for ``teacher``."""
     check_teacher(teacher)
-    if init not in INITS:
-        raise LRCError(f"unknown init {init!r}; choose one of: {', '.join(INITS)}")
+    check_choice("init", init, INITS)
     freeze_teacher(teacher)
     cfg = student_config(teacher.config, hidden_size, norm_eps)
     # Every weight is replaced below (factors, ones, the teacher's biases): skip HF's init.
@@ -248,14 +248,14 @@ def load_lrc_state(state_dir: str | Path, teacher, bases=None):
             f"{state_dir} was trained from a {info.get('model_type')} teacher of hidden size {info.get('teacher_hidden')}, "
             f"not this {teacher.config.model_type} teacher of hidden size {teacher.config.hidden_size}"
         )
+    path = Path(state_dir) / STATE_FILE  # checked before the (costly) rebuild
+    if not path.is_file():
+        raise LRCError(f"{state_dir} has no {STATE_FILE}")
     student = build_student(teacher, info["student_hidden"], init="normal", seed=info.get("seed", 0), norm_eps=info["norm_eps"])
     apply_arm(student, teacher, arm, bases=bases, seed=info.get("arm_seed", 0))
     for key in ("init", "init_std", "seed"):
         if key in info:
             student.lrc_info[key] = info[key]
-    path = Path(state_dir) / STATE_FILE
-    if not path.is_file():
-        raise LRCError(f"{state_dir} has no {STATE_FILE}")
     missing, unexpected = load_model(student, str(path), strict=False, device=str(teacher.model.embed_tokens.weight.device))
     if missing or unexpected:
         raise LRCError(f"{path} does not match the {arm} student: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
