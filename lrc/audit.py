@@ -165,7 +165,7 @@ class AuditArgs:
 
 
 def main(argv=None) -> int:
-    from lrc.cli import parse_args
+    from lrc.options import parse_args
 
     args = parse_args(AuditArgs, argv, prog="lrc audit")
     cfg = read_teacher_config(args.teacher)

@@ -40,8 +40,8 @@ from typing import Literal, Sequence
 import torch
 
 from lrc.atomic import atomic_file, write_json_atomic
-from lrc.cli import check_choice, parse_args
 from lrc.errors import LRCError
+from lrc.options import check_choice, parse_args
 
 BASELINE = "kd"
 
@@ -113,8 +113,9 @@ def load_bench_teacher(spec: Path, seed: int):
     if spec.is_dir():
         return load_teacher(spec)
     if spec.suffix == ".json" and spec.is_file():
-        from lrc.pretrain import load_model_config
         from transformers import AutoModelForCausalLM
+
+        from lrc.pretrain import load_model_config
 
         torch.manual_seed(seed)
         return freeze_teacher(AutoModelForCausalLM.from_config(load_model_config(spec)))

@@ -1,23 +1,16 @@
 """The `lrc` command line: one sub-command per workflow stage.
 
 Each sub-command lives in its own module, which exposes ``main(argv) -> int`` and
-describes its arguments as a keyword-only dataclass (see :func:`parse_args`). The
+describes its arguments as a keyword-only dataclass (see :func:`lrc.options.parse_args`). The
 table below is the only place that knows all commands; modules are imported lazily
 so `lrc --help` stays fast.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import importlib
 import sys
-import types
-import typing
-from pathlib import Path
-from typing import Any, Literal, Sequence, TypeVar
-
-import yaml
+from typing import Sequence
 
 from lrc.errors import LRCError
 
@@ -70,111 +63,6 @@ def _print_usage(stream=sys.stdout) -> None:
     print("commands:", file=stream)
     for name, (_, summary) in COMMANDS.items():
         print(f"  {name:<10} {summary}", file=stream)
-
-
-T = TypeVar("T")
-
-
-def parse_args(cls: type[T], argv: Sequence[str] | None = None, prog: str | None = None) -> T:
-    """Parse ``--field-name value`` flags into the keyword-only dataclass ``cls``.
-
-    Field help comes from ``field(metadata={"help": ...})``; ``metadata={"positional": True}``
-    also accepts the value as a positional argument. ``--config FILE.yaml``
-    supplies values for any fields (keys are field names); flags given on the command
-    line win. Unknown keys and wrong types are errors that name the key.
-    """
-    parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip())
-    parser.add_argument("--config", type=Path, help="YAML file with values for any of the options below")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    for name, f in fields.items():
-        _add_option(parser, name, hints[name], f)
-    ns = vars(parser.parse_args(list(argv) if argv is not None else None))
-    values: dict[str, Any] = {}
-    config_file = ns.pop("config")
-    if config_file is not None:
-        values.update(_load_config_file(config_file, fields, hints))
-    for key in [k for k in ns if k.endswith("_positional")]:
-        value = ns.pop(key)
-        if value is not None:
-            ns[key.removesuffix("_positional")] = value
-    values.update({k: v for k, v in ns.items() if v is not None})
-    missing = [n for n, f in fields.items() if n not in values and _is_required(f)]
-    if missing:
-        parser.error("missing required option(s): " + ", ".join("--" + m.replace("_", "-") for m in missing))
-    try:
-        return cls(**values)
-    except (TypeError, ValueError) as err:
-        raise LRCError(f"{prog or cls.__name__}: {err}") from err
-
-
-def _is_required(f: dataclasses.Field) -> bool:
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-
-
-def _unwrap_optional(tp: Any) -> Any:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return tp
-
-
-def _add_option(parser: argparse.ArgumentParser, name: str, tp: Any, f: dataclasses.Field) -> None:
-    flag = "--" + name.replace("_", "-")
-    flags = [flag] if "_" not in name else [flag, "--" + name]
-    help_text = f.metadata.get("help", "")
-    if f.metadata.get("positional"):
-        # A positional argument may still be given as a flag (handy in YAML and rules).
-        parser.add_argument(name + "_positional", metavar=name.upper(), nargs="?", type=_unwrap_optional(tp), help=help_text)
-    if not _is_required(f):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        help_text += f" (default: {default})"
-    else:
-        help_text += " (required)"
-    tp = _unwrap_optional(tp)
-    origin = typing.get_origin(tp)
-    if tp is bool:
-        parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-    elif origin is Literal:
-        choices = typing.get_args(tp)
-        parser.add_argument(*flags, dest=name, type=type(choices[0]), choices=choices, default=None, help=help_text)
-    elif origin in (list, tuple):
-        (item,) = typing.get_args(tp)[:1]
-        parser.add_argument(*flags, dest=name, type=_item_type(item), nargs="*", default=None, help=help_text)
-    else:
-        parser.add_argument(*flags, dest=name, type=tp, default=None, help=help_text)
-
-
-def _item_type(item: Any) -> Any:
-    if typing.get_origin(item) is Literal:
-        return type(typing.get_args(item)[0])
-    return item
-
-
-def _load_config_file(path: Path, fields: dict[str, dataclasses.Field], hints: dict[str, Any]) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise LRCError(f"cannot read config file {path}: {err}") from err
-    if not isinstance(data, dict):
-        raise LRCError(f"config file {path} must hold a mapping of option names to values")
-    out = {}
-    for key, value in data.items():
-        name = str(key).replace("-", "_")
-        if name not in fields:
-            raise LRCError(f"config file {path}: unknown key {key!r}")
-        tp = _unwrap_optional(hints[name])
-        if value is not None and tp is Path:
-            value = Path(value)
-        out[name] = value
-    return out
-
-
-def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
-    """Raise an LRCError naming ``name`` when ``value`` is not one of ``choices``."""
-    if value not in choices:
-        raise LRCError(f"unknown {name} {value!r}; choose one of: {', '.join(map(str, choices))}")
 
 
 if __name__ == "__main__":

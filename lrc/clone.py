@@ -32,13 +32,12 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from lrc.cli import check_choice
 from lrc.errors import LRCError
+from lrc.names import KL_REDUCTIONS, RECIPES
+from lrc.options import check_choice
 from lrc.reach import down_clone_map
 from lrc.student import freeze_teacher
 
-RECIPES = ("lrc", "kl")
-KL_REDUCTIONS = ("batchmean", "token")
 CLONE_TERMS = ("q", "k", "v", "attn_out", "gate", "up", "mlp_out")
 
 

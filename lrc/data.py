@@ -749,7 +749,7 @@ def tokenize(args: TokenizeArgs) -> dict[str, Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lrc.cli import parse_args
+    from lrc.options import parse_args
     from lrc.provenance import write_settings
 
     args = parse_args(TokenizeArgs, argv, prog="lrc tokenize")

@@ -25,11 +25,17 @@ import torch
 
 from lrc.atomic import atomic_dir
 from lrc.checkpoint import METRICS_FILE
-from lrc.cli import check_choice, parse_args
 from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
+from lrc.options import check_choice, parse_args
 from lrc.provenance import write_settings
-from lrc.train import TrainArgs, is_main_process, open_token_data, train, train_args_from
+from lrc.train import (
+    TrainArgs,
+    is_main_process,
+    open_token_data,
+    train,
+    train_args_from,
+)
 
 
 @dataclass(kw_only=True)

@@ -92,7 +92,7 @@ def copy_teacher_files(snapshot: Path, out: Path, *, repo_id: str, revision: str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lrc.cli import parse_args
+    from lrc.options import parse_args
     from lrc.provenance import write_settings
 
     args = parse_args(DownloadArgs, argv, prog="lrc download")

@@ -328,7 +328,7 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lrc.cli import parse_args
+    from lrc.options import parse_args
 
     args = parse_args(EvaluateArgs, argv, prog="lrc evaluate")
     record = evaluate(args)

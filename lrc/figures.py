@@ -15,8 +15,8 @@ from typing import Sequence
 import pandas as pd
 
 from lrc.atomic import atomic_file
-from lrc.cli import parse_args
 from lrc.errors import LRCError
+from lrc.options import parse_args
 
 ARM_STYLE = {
     "slice": ("tab:gray", "o"),

@@ -137,7 +137,7 @@ def check_batch_from_tokens(directory: Path, rows: int, length: int) -> torch.Te
 
 
 def main(argv=None) -> int:
-    from lrc.cli import parse_args
+    from lrc.options import parse_args
     from lrc.provenance import write_settings
     from lrc.spectral import load_bases
     from lrc.student import load_lrc_state, load_teacher

@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from lrc.errors import LRCError
-
-KL_REDUCTIONS = ("batchmean", "token")
+from lrc.names import KL_REDUCTIONS
 
 
 def next_token_targets(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,11 +18,17 @@ import torch
 
 from lrc.atomic import atomic_dir
 from lrc.checkpoint import METRICS_FILE
-from lrc.cli import parse_args
 from lrc.errors import LRCError
 from lrc.objectives import LMObjective
+from lrc.options import parse_args
 from lrc.provenance import write_settings
-from lrc.train import TrainArgs, is_main_process, open_token_data, train, train_args_from
+from lrc.train import (
+    TrainArgs,
+    is_main_process,
+    open_token_data,
+    train,
+    train_args_from,
+)
 
 
 @dataclass(kw_only=True)

@@ -41,11 +41,10 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from lrc.cli import check_choice
 from lrc.errors import LRCError
-from lrc.spectral import MLP_KINDS
+from lrc.names import ARMS, MLP_KINDS
+from lrc.options import check_choice
 
-ARMS = ("slice", "dense", "core", "confined", "randcomp")
 DOWN_FACTOR_BUFFER = "lrc_down_factor"
 
 

@@ -110,7 +110,7 @@ class RecoverArgs:
 def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM
 
-    from lrc.cli import parse_args
+    from lrc.options import parse_args
     from lrc.provenance import write_settings
     from lrc.student import load_teacher
 

@@ -14,9 +14,9 @@ from typing import Sequence
 
 import torch
 
-from lrc.cli import parse_args
 from lrc.errors import LRCError
 from lrc.objectives import LMObjective
+from lrc.options import parse_args
 from lrc.pretrain import save_hf_output
 from lrc.train import TrainArgs, open_token_data, train, train_args_from
 

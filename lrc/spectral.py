@@ -43,8 +43,8 @@ from safetensors.torch import load_file, save_file
 
 from lrc.atomic import atomic_file, write_json_atomic
 from lrc.errors import LRCError
+from lrc.names import MLP_KINDS
 
-MLP_KINDS = ("gate", "up", "down")
 BASES_FILE = "bases.safetensors"
 BASES_META = "bases.json"
 
@@ -173,7 +173,7 @@ class SvdArgs:
 
 
 def main(argv=None) -> int:
-    from lrc.cli import parse_args
+    from lrc.options import parse_args
     from lrc.provenance import write_settings
     from lrc.student import load_teacher
 

@@ -44,9 +44,15 @@ from torch.nn.utils import parametrize
 from transformers.initialization import no_init_weights
 
 from lrc.atomic import atomic_file, write_text_atomic
-from lrc.cli import check_choice
 from lrc.errors import LRCError
-from lrc.reach import ARMS, FactorTimesTeacher, TeacherTimesFactor, TeacherTimesFactorT, apply_arm
+from lrc.options import check_choice
+from lrc.reach import (
+    ARMS,
+    FactorTimesTeacher,
+    TeacherTimesFactor,
+    TeacherTimesFactorT,
+    apply_arm,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 INITS = ("normal", "spectral")

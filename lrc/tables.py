@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -23,11 +22,11 @@ from typing import Any, Literal, Sequence
 import pandas as pd
 
 from lrc.atomic import atomic_file
-from lrc.cli import parse_args
 from lrc.errors import LRCError
+from lrc.names import ARMS, RUN_FORMAT, SFT_SUFFIX, parse_run_name
+from lrc.options import parse_args
 
-ARM_ORDER = ("teacher", "slice", "dense", "core", "confined", "randcomp")
-RUN_NAME = re.compile(r"^(?P<recipe>[a-z]+)-(?P<arm>[a-z]+)-s(?P<seed>\d+)-t(?P<tokens>\d+)(?P<sft>\.sft)?$")
+ARM_ORDER = ("teacher", *ARMS)
 SETTINGS = ("lm_eval_version", "num_fewshot", "batch_size", "limit")
 EXTRAS = ("perplexity", "kl_to_teacher", "answer_logprob")
 
@@ -69,16 +68,10 @@ def describe_model(name: str) -> dict[str, Any]:
     """Split an evaluation file's stem into recipe, arm, seed, tokens and sft."""
     if name == "teacher":
         return {"recipe": "", "arm": "teacher", "seed": None, "tokens": None, "sft": False}
-    m = RUN_NAME.match(name)
-    if m is None:
-        raise LRCError(f"evaluation file name {name!r}: expected 'teacher' or '{{recipe}}-{{arm}}-s{{seed}}-t{{tokens}}[.sft]'")
-    return {
-        "recipe": m["recipe"],
-        "arm": m["arm"],
-        "seed": int(m["seed"]),
-        "tokens": int(m["tokens"]),
-        "sft": m["sft"] is not None,
-    }
+    parsed = parse_run_name(name)
+    if parsed is None:
+        raise LRCError(f"evaluation file name {name!r}: expected 'teacher' or '{RUN_FORMAT}[{SFT_SUFFIX}]'")
+    return parsed
 
 
 def load_evaluations(paths: Sequence[Path]) -> list[dict[str, Any]]:

@@ -61,8 +61,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from lrc import checkpoint as ckpt
 from lrc.atomic import atomic_file, write_json_atomic, write_text_atomic
-from lrc.cli import check_choice
 from lrc.errors import LRCError
+from lrc.options import check_choice
 from lrc.student import trainable_parameters
 
 SCHEDULES = ("linear", "cosine", "constant")

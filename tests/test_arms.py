@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_teacher
 
 from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
 from lrc.reach import ARMS, apply_arm
 from lrc.spectral import compute_bases, mlp_teacher_matrix
 from lrc.student import build_student, trainable_parameters
+from tests.helpers import make_teacher
 
 R = 16
 H, D_FF = 32, 96

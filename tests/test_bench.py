@@ -9,8 +9,6 @@ import pytest
 
 from lrc.errors import LRCError
 
-pytest.importorskip("lrc.student")
-
 
 def test_bench_writes_the_table_with_ratios_to_plain_kd(tmp_path):
     from lrc.bench import main

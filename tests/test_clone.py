@@ -6,11 +6,17 @@ import math
 
 import pytest
 import torch
-from conftest import make_teacher
 
-from lrc.clone import CLONE_TERMS, CloneObjective, RecipeArgs, kl_divergence, next_token_ce
+from lrc.clone import (
+    CLONE_TERMS,
+    CloneObjective,
+    RecipeArgs,
+    kl_divergence,
+    next_token_ce,
+)
 from lrc.errors import LRCError
 from lrc.student import build_student, trainable_parameters
+from tests.helpers import make_teacher
 
 
 def hand_kl(t_logits, s_logits, temp, positions):

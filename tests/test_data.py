@@ -13,12 +13,12 @@ import torch
 from lrc.data import (
     TokenDataset,
     TokenizeArgs,
-    check_vocab,
     chat_ids,
+    check_vocab,
     main,
     read_manifest,
-    tokenize,
     text_ids,
+    tokenize,
     tokenizer_fingerprint,
     write_tokens,
 )
@@ -205,7 +205,7 @@ def test_wrong_text_field_is_named(tmp_path, tok_dir, corpus):
 
 
 def test_vocabulary_larger_than_embedding_is_refused(tmp_path, tok, tok_dir, corpus):
-    from tests.conftest import make_teacher
+    from tests.helpers import make_teacher
 
     with pytest.raises(LRCError, match="400 tokens, which does not fit an embedding of 97 rows"):
         tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / "t", seq_len=8, model_vocab=97))

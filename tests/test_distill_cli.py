@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_teacher
 from safetensors.torch import load_file
-from test_train import make_tokenizer, write_corpus
 
 from lrc.errors import LRCError
-
-pytest.importorskip("lrc.student")
+from tests.helpers import make_teacher, make_tokenizer, write_corpus
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +65,8 @@ def test_kl_recipe_from_random_init_and_argument_errors(setup, tmp_path):
 
 @pytest.mark.slow
 def test_distill_killed_and_restarted_equals_uninterrupted(setup, tmp_path):
-    from test_resume import ENV, kill_mid_run
-
     from lrc.distill import main_warmstart
+    from tests.helpers import ENV, kill_mid_run
 
     root = setup
     assert main_warmstart(common(root, tmp_path / "ws", "--student-hidden", "16", "--tokens", str(4 * 4 * 16))) == 0

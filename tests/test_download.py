@@ -15,7 +15,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 def _fake_hub_repo(cache, repo_id, *, safetensors=True):
     """A hub-cache snapshot as huggingface_hub lays it out, with a decoy pickle beside the weights."""
-    from tests.conftest import make_teacher
+    from tests.helpers import make_teacher
 
     root = cache / ("models--" + repo_id.replace("/", "--"))
     snap = root / "snapshots" / COMMIT

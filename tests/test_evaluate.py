@@ -14,9 +14,9 @@ from lrc.evaluate import (
     check_tasks_known,
     heldout_measures,
     lm_eval_call,
+    load_suite,
     main,
     selected_tasks,
-    load_suite,
 )
 
 PAPER = {"arc_easy": "acc", "arc_challenge": "acc_norm", "logiqa": "acc_norm", "commonsense_qa": "acc", "piqa": "acc",
@@ -109,7 +109,7 @@ def test_tiny_suite_end_to_end(world, checkpoint, heldout, tmp_path, monkeypatch
 
 
 def test_heldout_perplexity_matches_the_models_own_loss():
-    from tests.conftest import make_teacher
+    from tests.helpers import make_teacher
 
     model, other = make_teacher("llama-tied", seed=0), make_teacher("llama-tied", seed=1)
     rows = torch.randint(0, 97, (3, 12), generator=torch.Generator().manual_seed(0))
@@ -193,7 +193,7 @@ def test_answer_kl_with_padding_matches_one_context_at_a_time(world):
     from transformers import AutoTokenizer
 
     from lrc.evaluate import answer_kl
-    from tests.conftest import make_teacher
+    from tests.helpers import make_teacher
 
     tok = AutoTokenizer.from_pretrained(str(world / "tokenizer"))
     model, teacher = make_teacher("llama-tied", 0, len(tok)), make_teacher("llama-untied", 1, len(tok))

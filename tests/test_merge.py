@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from conftest import make_teacher
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -16,6 +15,7 @@ from lrc.merge import merge_student, save_merged
 from lrc.reach import ARMS, apply_arm
 from lrc.spectral import compute_bases
 from lrc.student import build_student, save_lrc_state, trainable_parameters
+from tests.helpers import make_teacher
 
 
 def trained_student(teacher, arm, bases):

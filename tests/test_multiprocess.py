@@ -29,9 +29,9 @@ def run_training(out: Path, kind: str) -> None:
     """kind "lm": a plain Llama on the LM objective; "clone": an LRC student (core arm) with
     the `lrc` recipe, whose frozen teacher each process holds unwrapped."""
     from safetensors.torch import save_file
-    from test_train import SEQ, RandomTokens, tiny_llama
 
     from lrc.train import TrainArgs, is_main_process, train
+    from tests.helpers import SEQ, RandomTokens, tiny_llama
 
     if kind == "lm":
         from lrc.objectives import LMObjective
@@ -39,11 +39,10 @@ def run_training(out: Path, kind: str) -> None:
         model = tiny_llama()
         objective = LMObjective(model)
     else:
-        from conftest import make_teacher
-
         from lrc.clone import CloneObjective, RecipeArgs
         from lrc.reach import apply_arm
         from lrc.student import build_student
+        from tests.helpers import make_teacher
 
         teacher = make_teacher("llama-tied")
         model = build_student(teacher, 16, seed=0)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import torch
-from conftest import make_teacher
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 from lrc.cli import main as lrc_main
 from lrc.merge import save_merged
 from lrc.recover import recover_student
 from lrc.student import build_student, load_lrc_state, trainable_parameters
+from tests.helpers import make_teacher
 
 
 def test_recovered_factors_reproduce_a_merged_lrc_student(teacher, token_batch, tmp_path):

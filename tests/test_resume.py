@@ -10,43 +10,21 @@ restarted process runs the same kernels with the same thread count.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_train import make_tokenizer, write_corpus, write_llama_config
 
-from lrc import checkpoint as ckpt
-
-ENV = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def kill_mid_run(cmd: list[str], ckpt_dir: Path, *, after_step: int, timeout: float = 240) -> None:
-    """Start ``cmd``, SIGKILL it once a checkpoint at or after ``after_step`` exists."""
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            done = [p for p in ckpt.list_checkpoints(ckpt_dir) if int(p.name.split("-")[1]) >= after_step]
-            if done:
-                proc.send_signal(signal.SIGKILL)
-                break
-            if proc.poll() is not None:
-                raise AssertionError(f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}")
-            time.sleep(0.01)
-        else:
-            raise AssertionError("no checkpoint appeared in time")
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    assert ckpt.read_done(ckpt_dir) is None, "killed too late: the run had finished"
+from tests.helpers import (
+    ENV,
+    kill_mid_run,
+    make_tokenizer,
+    write_corpus,
+    write_llama_config,
+)
 
 
 @pytest.mark.slow

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from test_train import make_tokenizer, tiny_llama  # noqa: F401  (helpers shared by the command tests)
 
 from lrc.errors import LRCError
+from tests.helpers import make_tokenizer
 
 JOBS = ["baker", "smith", "pilot"]
 PEOPLE = 12
@@ -103,9 +103,8 @@ def test_sft_raises_the_answers_and_counts_only_answer_tokens(world, tmp_path):
 
 
 def test_sft_refuses_data_without_a_loss_mask(world, tmp_path):
-    from test_train import write_corpus
-
     from lrc.sft import main
+    from tests.helpers import write_corpus
 
     root, tok = world
     write_corpus(tmp_path / "plain", tok, rows=4, seq_len=8)

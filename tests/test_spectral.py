@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_teacher
 
 import lrc.student
 from lrc.errors import LRCError
 from lrc.spectral import compute_bases, load_bases, mlp_teacher_matrix, save_bases
 from lrc.student import build_student, student_config
+from tests.helpers import make_teacher
 
 H = 32
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_teacher
 
 from lrc.errors import LRCError
 from lrc.reach import ARMS, apply_arm
 from lrc.spectral import compute_bases
-from lrc.student import build_student, load_lrc_state, save_lrc_state, trainable_parameters
+from lrc.student import (
+    build_student,
+    load_lrc_state,
+    save_lrc_state,
+    trainable_parameters,
+)
+from tests.helpers import make_teacher
 
 R = 16
 

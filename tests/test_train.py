@@ -7,37 +7,12 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from lrc import checkpoint as ckpt
 from lrc.errors import LRCError
 from lrc.objectives import KDObjective, LMObjective, masked_ce
 from lrc.train import StepBatches, TrainArgs, lr_factor, train
-
-VOCAB, SEQ = 97, 16
-
-
-class RandomTokens(torch.utils.data.Dataset):
-    """``rows`` seeded random sequences; rows listed in ``poison`` end in token VOCAB - 1."""
-
-    def __init__(self, rows: int = 64, seq_len: int = SEQ, seed: int = 0, poison: tuple[int, ...] = ()):
-        g = torch.Generator().manual_seed(seed)
-        self.x = torch.randint(0, VOCAB - 1, (rows, seq_len), generator=g)
-        for r in poison:
-            self.x[r, 3] = VOCAB - 1
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.x[i], "loss_mask": torch.ones(self.x.shape[1], dtype=torch.bool)}
-
-
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    return LlamaForCausalLM(cfg)
+from tests.helpers import SEQ, VOCAB, RandomTokens, tiny_llama
 
 
 def quiet(**kw) -> TrainArgs:
@@ -185,31 +160,6 @@ def test_kd_objective_is_zero_for_the_teacher_itself_and_trains_the_student():
 
 
 # ---- shared helpers for the command tests (test_resume, test_sft, test_distill_cli) ------
-
-TEXTS = [f"Person {i} lives in town {i % 7} and works as a {['baker', 'smith', 'pilot'][i % 3]}." for i in range(60)]
-
-
-def make_tokenizer(directory):
-    from lrc.world.tokenizer import train_tokenizer
-
-    return train_tokenizer(TEXTS, vocab_size=300, out_dir=directory)
-
-
-def write_llama_config(path, vocab_size: int, hidden: int = 32, layers: int = 2) -> None:
-    cfg = {"model_type": "llama", "vocab_size": vocab_size, "hidden_size": hidden, "intermediate_size": 3 * hidden,
-           "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "max_position_embeddings": 128, "tie_word_embeddings": True}
-    path.write_text(json.dumps(cfg))
-
-
-def write_corpus(directory, tokenizer, *, rows: int = 64, seq_len: int = 32, seed: int = 0):
-    import numpy as np
-
-    from lrc.data import write_tokens
-
-    g = np.random.default_rng(seed)
-    ids = g.integers(0, len(tokenizer), size=(rows, seq_len))
-    return write_tokens(directory, ids, tokenizer=tokenizer, source="random")
 
 
 def test_resume_survives_a_torn_metrics_line(tmp_path):

@@ -23,7 +23,14 @@ from typing import Literal, Sequence
 
 from lrc.atomic import atomic_dir
 from lrc.errors import LRCError
-from lrc.world.generator import FACTS, World, WorldSize, build_world, corpus_documents, sft_conversations
+from lrc.world.generator import (
+    FACTS,
+    World,
+    WorldSize,
+    build_world,
+    corpus_documents,
+    sft_conversations,
+)
 from lrc.world.tasks import write_tasks
 from lrc.world.tokenizer import train_tokenizer
 
@@ -169,7 +176,7 @@ def _count_tokens(tokenizer, docs: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lrc.cli import parse_args
+    from lrc.options import parse_args
     from lrc.provenance import write_settings
 
     args = parse_args(WorldArgs, argv, prog="lrc world")

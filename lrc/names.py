@@ -1,0 +1,39 @@
+"""The project's names, in one dependency-free place: arms, recipes, and the run name.
+
+The workflow (`workflow/rules/common.smk`), the JSON schema's enums (checked by a test),
+the method modules and `lrc aggregate` all read them from here, so adding an arm or a
+recipe is one edit.
+"""
+
+from __future__ import annotations
+
+import re
+
+# METHOD.md §3: plain LRC, the two full-reach arms, then the two controls.
+ARMS = ("slice", "dense", "core", "confined", "randcomp")
+MAIN_ARMS = ("slice", "dense", "core")
+CONTROL_ARMS = ("confined", "randcomp")
+RECIPES = ("lrc", "kl")
+KL_REDUCTIONS = ("batchmean", "token")
+MLP_KINDS = ("gate", "up", "down")
+
+RUN_FORMAT = "{recipe}-{arm}-s{seed}-t{tokens}"
+SFT_SUFFIX = ".sft"
+_RUN_PATTERN = re.compile(
+    r"^(?P<recipe>{})-(?P<arm>{})-s(?P<seed>\d+)-t(?P<tokens>\d+)(?P<sft>\.sft)?$".format(
+        "|".join(RECIPES), "|".join(ARMS)
+    )
+)
+
+
+def run_name(recipe: str, arm: str, seed: int | str, tokens: int | str) -> str:
+    """The name of one distillation run: ``lrc-dense-s0-t800000``."""
+    return RUN_FORMAT.format(recipe=recipe, arm=arm, seed=seed, tokens=tokens)
+
+
+def parse_run_name(name: str) -> dict | None:
+    """``run_name``'s inverse (plus an optional ``.sft``), or None for another name."""
+    m = _RUN_PATTERN.match(name)
+    if m is None:
+        return None
+    return {"recipe": m["recipe"], "arm": m["arm"], "seed": int(m["seed"]), "tokens": int(m["tokens"]), "sft": m["sft"] is not None}
