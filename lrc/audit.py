@@ -28,9 +28,9 @@ import torch
 
 from lrc.atomic import atomic_dir, atomic_file
 from lrc.errors import LRCError
+from lrc.hf import SUPPORTED_MODEL_TYPES
 from lrc.reach import ARMS
 from lrc.spectral import MLP_KINDS
-from lrc.student import SUPPORTED_MODEL_TYPES
 
 FULL_REACH = ("dense", "core", "randcomp")
 MLP_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
@@ -192,9 +192,9 @@ def main(argv=None) -> int:
 def _audit_student(args, cfg, rows) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
+    from lrc.hf import load_teacher
     from lrc.provenance import write_settings
     from lrc.spectral import load_bases
-    from lrc.student import load_teacher
 
     if not Path(args.teacher).is_dir():
         raise LRCError("--student needs the teacher's weights: give TEACHER as a checkpoint directory, not a config file")

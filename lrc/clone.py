@@ -12,13 +12,9 @@ residual streams, in lockstep. Per layer l (summed over layers, each an element 
   target is not detached through P_down (the live factor in `slice`; a frozen warm-start
   copy in the other arms, :func:`lrc.reach.down_clone_map`).
 
-KL: forward KL(p_T ‖ p_S) of the temperature-T softened distributions, no T² factor.
-``kl_reduction="batchmean"`` (default, the reference's) = sum over counted positions and
-vocabulary / number of sequences; ``"token"`` = / number of counted positions.
-CE: next-token cross-entropy in fp32, mean over counted targets. Position t predicts
-token t+1 and counts where ``loss_mask[t+1]``; for KL the last position (which has no
-target) counts where ``loss_mask[L-1]``, so an all-true mask gives all L positions as in
-the reference.
+KL and CE are :mod:`lrc.losses`' (forward KL at temperature T, no T² factor,
+``batchmean`` by default as the reference; fp32 next-token CE). The KL counts all L
+positions (``positions="all"``, the reference's), the CE the L-1 that have a target.
 
 The teacher runs under ``torch.inference_mode``; its captured tensors are cloned out of
 inference mode before they meet autograd.
@@ -33,10 +29,11 @@ import torch
 import torch.nn.functional as F
 
 from lrc.errors import LRCError
+from lrc.hf import freeze_teacher
+from lrc.losses import kl_divergence, kl_position_mask, next_token_ce
 from lrc.names import KL_REDUCTIONS, RECIPES
 from lrc.options import check_choice
 from lrc.reach import down_clone_map
-from lrc.student import freeze_teacher
 
 CLONE_TERMS = ("q", "k", "v", "attn_out", "gate", "up", "mlp_out")
 
@@ -66,36 +63,6 @@ class RecipeArgs:
         bad = [t for t in self.clone_terms if t not in CLONE_TERMS]
         if bad:
             raise LRCError(f"unknown clone term(s) {bad}; choose from: {', '.join(CLONE_TERMS)}")
-
-
-def kl_divergence(teacher_logits, student_logits, temperature: float, mask=None, reduction: str = "batchmean"):
-    """Forward KL(p_T ‖ p_S) at ``temperature`` over [B, L, V] logits (see module doc)."""
-    log_t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
-    log_s = F.log_softmax(student_logits.float() / temperature, dim=-1)
-    per_pos = (log_t.exp() * (log_t - log_s)).sum(-1)  # [B, L]
-    if mask is None:
-        mask = torch.ones_like(per_pos, dtype=torch.bool)
-    total = (per_pos * mask).sum()
-    if reduction == "batchmean":
-        return total / per_pos.shape[0]
-    check_choice("kl_reduction", reduction, KL_REDUCTIONS)
-    return total / mask.sum().clamp_min(1)
-
-
-def next_token_ce(logits, input_ids, loss_mask=None):
-    """Mean fp32 cross-entropy of position t predicting t+1, counted where loss_mask[t+1]."""
-    pred = logits[:, :-1].float()
-    target = input_ids[:, 1:]
-    per_tok = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="none").view_as(target)
-    if loss_mask is None:
-        return per_tok.mean()
-    m = loss_mask[:, 1:].to(per_tok.dtype)
-    return (per_tok * m).sum() / m.sum().clamp_min(1)
-
-
-def kl_position_mask(loss_mask):
-    """Position t counts where loss_mask[t+1]; the last position where loss_mask[L-1]."""
-    return torch.cat([loss_mask[:, 1:], loss_mask[:, -1:]], dim=1)
 
 
 class _Capture:
@@ -210,7 +177,7 @@ class CloneObjective:
         t_logits, t_acts = self._teacher_forward(input_ids)
         s_logits, s_acts = self._student_forward(model, input_ids)
         ce = next_token_ce(s_logits, input_ids, loss_mask)
-        kl = kl_divergence(t_logits, s_logits, r.temperature, None if loss_mask is None else kl_position_mask(loss_mask), r.kl_reduction)
+        kl = kl_divergence(t_logits, s_logits, r.temperature, None if loss_mask is None else kl_position_mask(loss_mask, "all"), r.kl_reduction)
         total = r.ce_weight * ce + r.kl_weight * kl
         terms = {"ce": ce.detach(), "kl": kl.detach()}
         clone_sum = None

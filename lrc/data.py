@@ -30,6 +30,7 @@ import torch
 
 from lrc.atomic import atomic_dir
 from lrc.errors import LRCError
+from lrc.hf import load_tokenizer  # noqa: F401  (re-exported until the data split)
 
 TOKENS_FILE = "tokens.bin"
 MASK_FILE = "loss_mask.bin"
@@ -56,16 +57,6 @@ def _tokenizer_record(tokenizer: Any) -> dict[str, Any] | None:
         "fingerprint": tokenizer_fingerprint(tokenizer),
         "vocab_size": len(tokenizer),
     }
-
-
-def load_tokenizer(path_or_id: str | os.PathLike) -> Any:
-    """AutoTokenizer from a local directory (or a hub id when online); never remote code."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path_or_id), trust_remote_code=False)
-    except Exception as err:  # transformers raises OSError/ValueError/HF errors alike
-        raise LRCError(f"cannot load tokenizer {str(path_or_id)!r}: {err}") from err
 
 
 # ---------------------------------------------------------------------------------------

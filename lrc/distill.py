@@ -84,8 +84,8 @@ def _teacher_tokenizer(teacher_dir: Path) -> Any:
 
 def _load(args: _DistillCommon):
     from lrc.data import check_vocab
+    from lrc.hf import load_teacher
     from lrc.spectral import load_bases
-    from lrc.student import load_teacher
 
     if args.threads:
         torch.set_num_threads(args.threads)

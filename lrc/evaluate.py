@@ -24,6 +24,7 @@ import yaml
 
 from lrc.atomic import write_json_atomic
 from lrc.errors import LRCError
+from lrc.losses import kl_per_position, next_token_nll
 from lrc.world.tasks import load_suite
 
 
@@ -211,13 +212,11 @@ def heldout_measures(model, rows: torch.Tensor, masks: torch.Tensor, *, teacher=
     for start in range(0, rows.shape[0], batch_size):
         ids = rows[start:start + batch_size].to(device)
         counted = masks[start:start + batch_size, 1:].to(device)
-        logp = torch.log_softmax(model(ids).logits[:, :-1].float(), dim=-1)
-        nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
-        total_nll += nll[counted].sum().item()
+        logits = model(ids).logits
+        total_nll += next_token_nll(logits, ids)[counted].sum().item()
         count += int(counted.sum().item())
         if teacher is not None:
-            logq = torch.log_softmax(teacher(ids).logits[:, :-1].float(), dim=-1)
-            kl = (logq.exp() * (logq - logp)).sum(-1)
+            kl = kl_per_position(teacher(ids).logits[:, :-1], logits[:, :-1])
             total_kl += kl[counted].sum().item()
     if count == 0:
         raise LRCError("the held-out rows have no counted positions")
@@ -242,9 +241,9 @@ def answer_kl(model, teacher, tokenizer, contexts: Sequence[str], *, batch_size:
         attention = torch.tensor([[1] * len(e) + [0] * (width - len(e)) for e in encoded], device=device)
         last = torch.tensor([len(e) - 1 for e in encoded], device=device)
         rows = torch.arange(len(encoded), device=device)
-        logp = torch.log_softmax(model(ids, attention_mask=attention).logits[rows, last].float(), -1)
-        logq = torch.log_softmax(teacher(ids, attention_mask=attention).logits[rows, last].float(), -1)
-        total += (logq.exp() * (logq - logp)).sum().item()
+        student_logits = model(ids, attention_mask=attention).logits[rows, last]
+        teacher_logits = teacher(ids, attention_mask=attention).logits[rows, last]
+        total += kl_per_position(teacher_logits, student_logits).sum().item()
     return total / len(contexts)
 
 

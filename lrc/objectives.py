@@ -10,26 +10,15 @@ The LRC recipes live in :class:`lrc.clone.CloneObjective`.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from lrc.errors import LRCError
+from lrc.losses import kl_divergence, kl_position_mask, next_token_ce
 from lrc.names import KL_REDUCTIONS
-
-
-def next_token_targets(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Targets ``[B, L-1]`` and the float weight of each position (1 where counted)."""
-    ids = batch["input_ids"]
-    mask = batch.get("loss_mask")
-    weight = torch.ones_like(ids[:, 1:], dtype=torch.float32) if mask is None else mask[:, 1:].to(torch.float32)
-    return ids[:, 1:], weight
 
 
 def masked_ce(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Mean next-token cross-entropy (fp32) over the counted positions of the batch."""
-    targets, weight = next_token_targets(batch)
-    ce = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-    # clamp: a micro-batch with no counted token contributes 0, not NaN.
-    return (ce * weight.reshape(-1)).sum() / weight.sum().clamp_min(1.0)
+    return next_token_ce(logits, batch["input_ids"], batch.get("loss_mask"))
 
 
 class LMObjective:
@@ -43,22 +32,6 @@ class LMObjective:
         logits = model(input_ids=batch["input_ids"]).logits
         ce = masked_ce(logits, batch)
         return ce, {"ce": ce.detach()}
-
-
-def kl_to_teacher(student_logits: torch.Tensor, teacher_logits: torch.Tensor, weight: torch.Tensor, *, temperature: float, reduction: str) -> torch.Tensor:
-    """Forward KL(p_T || p_S) of temperature-softened next-token distributions, fp32.
-
-    ``batchmean``: summed over counted positions and vocabulary, divided by the number of
-    sequences (the LRC reference); ``token``: divided by the number of counted positions.
-    No T^2 factor (as in the reference).
-    """
-    log_s = F.log_softmax(student_logits.float() / temperature, dim=-1)
-    log_t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
-    kl = (log_t.exp() * (log_t - log_s)).sum(-1)  # [B, L]
-    total = (kl * weight).sum()
-    if reduction == "batchmean":
-        return total / kl.shape[0]
-    return total / weight.sum().clamp_min(1.0)
 
 
 class KDObjective:
@@ -84,6 +57,8 @@ class KDObjective:
         # inference tensors cannot enter autograd; a plain clone can (and is cheap next to the forward).
         teacher_logits = teacher_logits.clone()
         student_logits = model(input_ids=batch["input_ids"]).logits[:, :-1]
-        _, weight = next_token_targets(batch)
-        kl = kl_to_teacher(student_logits, teacher_logits, weight, temperature=self.temperature, reduction=self.kl_reduction)
+        ids = batch["input_ids"]
+        mask = batch.get("loss_mask")
+        counted = kl_position_mask(torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool(), "next")
+        kl = kl_divergence(teacher_logits, student_logits, self.temperature, counted, self.kl_reduction)
         return kl, {"kl": kl.detach()}

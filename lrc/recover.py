@@ -110,9 +110,9 @@ class RecoverArgs:
 def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM
 
+    from lrc.hf import load_teacher
     from lrc.options import parse_args
     from lrc.provenance import write_settings
-    from lrc.student import load_teacher
 
     args = parse_args(RecoverArgs, argv, prog="lrc recover")
     teacher = load_teacher(args.teacher)

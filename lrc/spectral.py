@@ -173,9 +173,9 @@ class SvdArgs:
 
 
 def main(argv=None) -> int:
+    from lrc.hf import load_teacher
     from lrc.options import parse_args
     from lrc.provenance import write_settings
-    from lrc.student import load_teacher
 
     args = parse_args(SvdArgs, argv, prog="lrc svd")
     if args.device != "cpu" and not (args.device.startswith("cuda") and torch.cuda.is_available()):

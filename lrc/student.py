@@ -45,6 +45,12 @@ from transformers.initialization import no_init_weights
 
 from lrc.atomic import atomic_file, write_text_atomic
 from lrc.errors import LRCError
+from lrc.hf import (  # noqa: F401  (re-exported)
+    SUPPORTED_MODEL_TYPES,
+    freeze_teacher,
+    load_teacher,
+    trainable_parameters,
+)
 from lrc.options import check_choice
 from lrc.reach import (
     ARMS,
@@ -54,7 +60,6 @@ from lrc.reach import (
     apply_arm,
 )
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 INITS = ("normal", "spectral")
 STATE_FILE = "student.safetensors"
 STATE_META = "lrc.json"
@@ -70,27 +75,6 @@ def check_teacher(teacher) -> None:
     for name, mod in (("o_proj", layer.self_attn.o_proj), ("gate_proj", layer.mlp.gate_proj), ("down_proj", layer.mlp.down_proj)):
         if mod.bias is not None:
             raise LRCError(f"teacher {name} has a bias (attention_bias/mlp_bias): not supported by LRC students")
-
-
-def freeze_teacher(teacher):
-    teacher.eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    return teacher
-
-
-def load_teacher(path: str | Path, dtype=torch.float32):
-    """Load a local HF checkpoint as a frozen teacher (no remote code)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    path = Path(path)
-    if not (path / "config.json").is_file():
-        raise LRCError(f"teacher directory {path} has no config.json")
-    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise LRCError(f"unsupported teacher model_type {config.model_type!r} in {path}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    teacher = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False)
-    return freeze_teacher(teacher)
 
 
 def teacher_head_dim(config) -> int:
@@ -216,10 +200,6 @@ def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: 
         "tie_word_embeddings": tied,
     }
     return student.to(device).eval()
-
-
-def trainable_parameters(model) -> list[tuple[str, nn.Parameter]]:
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
 def save_lrc_state(student, out_dir: str | Path, **meta) -> Path:

@@ -62,8 +62,8 @@ from torch.utils.data import DataLoader, Dataset
 from lrc import checkpoint as ckpt
 from lrc.atomic import atomic_file, write_json_atomic, write_text_atomic
 from lrc.errors import LRCError
+from lrc.hf import trainable_parameters
 from lrc.options import check_choice
-from lrc.student import trainable_parameters
 
 SCHEDULES = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")

@@ -7,14 +7,9 @@ import math
 import pytest
 import torch
 
-from lrc.clone import (
-    CLONE_TERMS,
-    CloneObjective,
-    RecipeArgs,
-    kl_divergence,
-    next_token_ce,
-)
+from lrc.clone import CLONE_TERMS, CloneObjective, RecipeArgs
 from lrc.errors import LRCError
+from lrc.losses import kl_divergence, next_token_ce
 from lrc.student import build_student, trainable_parameters
 from tests.helpers import make_teacher
 
