@@ -50,7 +50,7 @@ def checkpoint(world, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def heldout(world, tmp_path_factory):
-    from lrc.data import TokenizeArgs, tokenize
+    from lrc.tokenize import TokenizeArgs, tokenize
 
     out = tmp_path_factory.mktemp("d")
     return tokenize(TokenizeArgs(tokenizer=str(world / "tokenizer"), source=str(world / "corpus/train.jsonl"),
