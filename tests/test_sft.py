@@ -69,9 +69,9 @@ def score(model_dir, tok) -> tuple[float, float]:
 def test_sft_raises_the_answers_and_counts_only_answer_tokens(world, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from lrc.tokens import TokenDataset
     from lrc.objectives import masked_ce
     from lrc.sft import main
+    from lrc.tokens import TokenDataset
     from lrc.train import StepBatches
 
     root, tok = world
