@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -254,18 +255,27 @@ def test_another_tokenizer_of_the_same_size_is_refused_naming_both(world, checkp
     assert json.loads(out.read_text()) == {"earlier": True}  # the earlier output is left as it was
 
 
-def test_a_tampered_heldout_set_is_refused_before_lm_eval(world, checkpoint, heldout, tmp_path):
+def test_a_tampered_heldout_set_is_refused_before_lm_eval(world, checkpoint, heldout, tmp_path, capsys, monkeypatch):
     import shutil
 
+    import lm_eval
+
+    from lrc.cli import main as lrc
+
+    def not_reached(**kwargs):
+        raise AssertionError("lm-eval ran before the held-out set was checked")
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", not_reached)
     copy = tmp_path / "valid"
     shutil.copytree(heldout, copy)
     data = bytearray((copy / "tokens.bin").read_bytes())
     data[0] ^= 1  # same size, another id
     (copy / "tokens.bin").write_bytes(bytes(data))
-    with pytest.raises(LRCError, match=r"valid/tokens.bin: its SHA-256 .* recorded in manifest.json"):
-        main([str(checkpoint), "--tasks-dir", str(world / "tasks"), "--heldout", str(copy), "--threads", "1",
-              "--out", str(tmp_path / "e.json")])
-    assert not (tmp_path / "e.json").exists()
+    rc = lrc(["evaluate", str(checkpoint), "--tasks-dir", str(world / "tasks"), "--heldout", str(copy),
+              "--threads", "1", "--out", str(tmp_path / "e.json")])
+    assert rc == 2
+    assert re.search(r"^error: .*valid/tokens.bin: its SHA-256 .* recorded in manifest.json", capsys.readouterr().err, re.M)
+    assert (copy / "tokens.bin").read_bytes() == bytes(data) and not (tmp_path / "e.json").exists()
 
 
 def test_evaluation_reads_the_suites_without_the_tiny_world():

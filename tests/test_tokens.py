@@ -200,14 +200,25 @@ def test_format_1_directories_are_verified_through_the_content_hash(tmp_path, to
         TokenDataset(masked)
 
 
-def test_a_read_only_directory_is_verified_without_a_stamp(tmp_path, tok):
-    if os.geteuid() == 0:
-        pytest.skip("root writes into read-only directories")
+def test_a_read_only_directory_is_verified_without_a_stamp(tmp_path, tok, monkeypatch):
+    def read_only(path, data):
+        raise PermissionError(13, "Permission denied", str(path))
+
     out = write_tokens(tmp_path / "d", np.arange(24).reshape(4, 6) % len(tok), tokenizer=tok)
     _age(out)
-    out.chmod(0o555)
-    try:
-        assert len(TokenDataset(out)) == 4
-        assert not (out / tokens.STAMP_FILE).exists()
-    finally:
-        out.chmod(0o755)
+    monkeypatch.setattr(tokens, "write_json_atomic", read_only)
+    calls = _count_hashing(monkeypatch)
+    assert len(TokenDataset(out)) == 4 and len(TokenDataset(out)) == 4
+    assert not (out / tokens.STAMP_FILE).exists() and len(calls) == 2  # verified at every open
+
+
+def test_training_data_opened_by_its_tokenize_output_is_verified(tmp_path, tok):
+    from lrc.tokens import open_token_data
+
+    write_tokens(tmp_path / "corpus" / "train", np.arange(24).reshape(4, 6) % len(tok), tokenizer=tok)
+    assert len(open_token_data(tmp_path / "corpus", tokenizer=tok)) == 4
+    (tmp_path / "corpus/train/tokens.bin").write_bytes(bytes(48))
+    with pytest.raises(LRCError, match=r"corpus/train/tokens.bin: its SHA-256"):
+        open_token_data(tmp_path / "corpus", tokenizer=tok)
+    with pytest.raises(LRCError, match=r"--data .*nowhere: no such token directory"):
+        open_token_data(tmp_path / "nowhere")
