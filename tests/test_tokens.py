@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -99,7 +100,10 @@ def test_contents_are_hashed_once_per_directory_then_stamped(tmp_path, tok, monk
     stamp = json.loads((out / tokens.STAMP_FILE).read_text())
     st = (out / "tokens.bin").stat()
     assert stamp["files"] == {"tokens.bin": [st.st_size, st.st_mtime_ns]}
-    assert stamp["hashes"] == read_manifest(out)["file_hashes"] and stamp["max_token_id"] == 23
+    manifest = read_manifest(out)
+    assert stamp["hashes"] == manifest["file_hashes"] and stamp["max_token_id"] == 23
+    digest = hashlib.sha256((out / "tokens.bin").read_bytes()).hexdigest()
+    assert manifest["file_hashes"] == {"tokens.bin": digest} == {"tokens.bin": manifest["content_hash"]}
     TokenDataset(out)
     TokenDataset(out)
     assert len(calls) == 1  # the stamp stands in for the hash
