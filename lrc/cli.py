@@ -17,7 +17,7 @@ from lrc.errors import LRCError
 COMMANDS: dict[str, tuple[str, str]] = {
     "world": ("lrc.world", "generate the built-in tiny world (corpus, tokenizer, tasks, teacher config)"),
     "download": ("lrc.download", "download a teacher from the Hugging Face hub (pinned revision)"),
-    "tokenize": ("lrc.data", "tokenise a corpus or chat set into a memory-mapped token file"),
+    "tokenize": ("lrc.tokenize", "tokenise a corpus or chat set into a memory-mapped token file"),
     "pretrain": ("lrc.pretrain", "pretrain a plain model from a config (the tiny-world teacher)"),
     "svd": ("lrc.spectral", "compute the teacher's MLP singular bases once"),
     "warmstart": ("lrc.distill", "plain LRC warm start (slice arm, `lrc` recipe)"),
@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("lrc.evaluate", "lm-eval suite plus perplexity, KL to teacher and answer log-prob"),
     "audit": ("lrc.audit", "reachability audit: reachable dimensions per weight, occupancy, knockout"),
     "recover": ("lrc.recover", "recover LRC factors from a merged LRC student (least squares)"),
-    "aggregate": ("lrc.tables", "build the results tables from evaluation JSONs"),
+    "aggregate": ("lrc.aggregate", "build the results tables from evaluation JSONs"),
     "figure": ("lrc.figures", "draw the token-efficiency figure"),
     "bench": ("lrc.bench", "median step time and peak memory per arm vs plain KD"),
 }

@@ -29,10 +29,10 @@ from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
 from lrc.options import check_choice, parse_args
 from lrc.provenance import write_settings
+from lrc.tokens import check_vocab, open_token_data
 from lrc.train import (
     TrainArgs,
     is_main_process,
-    open_token_data,
     train,
     train_args_from,
 )
@@ -76,14 +76,13 @@ def _recipe(args: RecipeArgs) -> RecipeArgs:
 
 def _teacher_tokenizer(teacher_dir: Path) -> Any:
     if (teacher_dir / "tokenizer_config.json").is_file() or (teacher_dir / "tokenizer.json").is_file():
-        from lrc.data import load_tokenizer
+        from lrc.hf import load_tokenizer
 
         return load_tokenizer(teacher_dir)
     return None
 
 
 def _load(args: _DistillCommon):
-    from lrc.data import check_vocab
     from lrc.hf import load_teacher
     from lrc.spectral import load_bases
 

@@ -24,8 +24,12 @@ import yaml
 
 from lrc.atomic import write_json_atomic
 from lrc.errors import LRCError
+from lrc.hf import has_tokenizer, load_tokenizer
 from lrc.losses import kl_per_position, next_token_nll
-from lrc.world.tasks import load_suite
+from lrc.options import parse_args
+from lrc.provenance import library_versions, provenance
+from lrc.suites import load_suite
+from lrc.tokens import TokenDataset, check_vocab, tokenizer_fingerprint
 
 
 @dataclass(kw_only=True)
@@ -259,10 +263,23 @@ def task_contexts(include_dir: Path, names: Sequence[str], limit: float | None) 
     return list(contexts)
 
 
-def heldout_rows(directory: Path, tokenizer: Any, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from lrc.data import TokenDataset
+def check_tokenizer(args: EvaluateArgs, tokenizer: Any) -> None:
+    """Refuse a --tokenizer whose ids mean other tokens than those of the tokenizer saved with
+    --model or --teacher (a same-size vocabulary would score garbage without an error)."""
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    others = [("--model", args.model)] if args.tokenizer is not None else []
+    others += [("--teacher", args.teacher)] if args.teacher is not None else []
+    for role, directory in others:
+        if not has_tokenizer(directory):
+            continue
+        own = tokenizer_fingerprint(load_tokenizer(directory))
+        if own != fingerprint:
+            raise LRCError(f"the tokenizer {args.tokenizer or args.model} (fingerprint {fingerprint}) is not "
+                           f"the one saved with {role} {directory} (fingerprint {own}): the same ids would "
+                           "mean other tokens; evaluate with the model's own tokenizer")
 
-    ds = TokenDataset(directory, expect_tokenizer=tokenizer)
+
+def heldout_rows(ds: TokenDataset, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     items = [ds[i] for i in range(min(n, len(ds)))]
     return torch.stack([i["input_ids"] for i in items]), torch.stack([i["loss_mask"] for i in items])
 
@@ -276,9 +293,6 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
-    from lrc.data import check_vocab, load_tokenizer
-    from lrc.provenance import library_versions, provenance
-
     if args.threads:
         # On a shared CPU, fewer threads than torch's default avoid oversubscription stalls.
         torch.set_num_threads(args.threads)
@@ -288,6 +302,11 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
     model = load_model(args.model, device)
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     check_vocab(len(tokenizer), model)
+    check_tokenizer(args, tokenizer)
+    # Opened (and verified) before lm-eval runs, so a wrong held-out set fails fast.
+    heldout = TokenDataset(args.heldout, expect_tokenizer=tokenizer) if args.heldout is not None else None
+    if heldout is not None:
+        check_vocab(heldout, model)
     with tempfile.TemporaryDirectory(prefix="lrc-eval-") as tmp:
         include = prepare_include_dir(args.tasks_dir, list(tasks), Path(tmp)) if args.suite == "tiny" else None
         call = lm_eval_call(args, tasks, include)
@@ -311,8 +330,8 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
             raise LRCError(f"--teacher {args.teacher} and --model {args.model} have different vocabularies")
         if contexts:
             extra["answer_kl"] = answer_kl(model, teacher, tokenizer, contexts, batch_size=args.batch_size)
-    if args.heldout is not None:
-        rows, masks = heldout_rows(args.heldout, tokenizer, args.heldout_rows)
+    if heldout is not None:
+        rows, masks = heldout_rows(heldout, args.heldout_rows)
         extra.update(heldout_measures(model, rows, masks, teacher=teacher, batch_size=args.batch_size))
     return {
         "model": args.name or Path(args.model).resolve().name,
@@ -327,8 +346,6 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lrc.options import parse_args
-
     args = parse_args(EvaluateArgs, argv, prog="lrc evaluate")
     record = evaluate(args)
     write_json_atomic(args.out, record)

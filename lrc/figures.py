@@ -1,6 +1,6 @@
 """`lrc figure`: the token-efficiency figure (aggregate score against distillation tokens).
 
-Drawn from a results table (``results/table1.csv``, see :mod:`lrc.tables`): one panel per
+Drawn from a results table (``results/table1.csv``, see :mod:`lrc.aggregate`): one panel per
 experiment, one line per recipe and arm over the token budgets (log scale), the teacher as a
 dashed reference line, and seeds' spread as error bars when there are several.
 """

@@ -128,7 +128,7 @@ class MergeArgs:
 
 
 def check_batch_from_tokens(directory: Path, rows: int, length: int) -> torch.Tensor:
-    from lrc.data import TokenDataset
+    from lrc.tokens import TokenDataset
 
     ds = TokenDataset(directory)
     if len(ds) == 0:

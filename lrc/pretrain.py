@@ -22,10 +22,10 @@ from lrc.errors import LRCError
 from lrc.objectives import LMObjective
 from lrc.options import parse_args
 from lrc.provenance import write_settings
+from lrc.tokens import check_vocab, open_token_data
 from lrc.train import (
     TrainArgs,
     is_main_process,
-    open_token_data,
     train,
     train_args_from,
 )
@@ -75,7 +75,7 @@ def save_hf_output(model: torch.nn.Module, tokenizer: Any, out: Path, *, command
 def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
-    from lrc.data import check_vocab, load_tokenizer
+    from lrc.hf import load_tokenizer
 
     args = parse_args(PretrainArgs, argv, prog="lrc pretrain")
     targs = train_args_from(args)

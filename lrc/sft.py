@@ -18,7 +18,8 @@ from lrc.errors import LRCError
 from lrc.objectives import LMObjective
 from lrc.options import parse_args
 from lrc.pretrain import save_hf_output
-from lrc.train import TrainArgs, open_token_data, train, train_args_from
+from lrc.tokens import check_vocab, open_token_data
+from lrc.train import TrainArgs, train, train_args_from
 
 
 @dataclass(kw_only=True)
@@ -52,7 +53,7 @@ def load_hf_model(path: Path, option: str = "--model"):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lrc.data import check_vocab, load_tokenizer
+    from lrc.hf import load_tokenizer
 
     args = parse_args(SftArgs, argv, prog="lrc sft")
     if args.threads:

@@ -476,18 +476,6 @@ def _tensorboard(ckpt_dir: Path):
     return SummaryWriter(str(ckpt_dir / "tb"))
 
 
-def open_token_data(path: str | Path, *, tokenizer: Any = None, option: str = "--data"):
-    """The TokenDataset at ``path``, or at ``path/train`` when given a `lrc tokenize` output."""
-    from lrc.data import MANIFEST_FILE, TokenDataset
-
-    path = Path(path)
-    if not (path / MANIFEST_FILE).is_file() and (path / "train" / MANIFEST_FILE).is_file():
-        path = path / "train"
-    if not path.is_dir():
-        raise LRCError(f"{option} {path}: no such token directory")
-    return TokenDataset(path, expect_tokenizer=tokenizer)
-
-
 def is_main_process() -> bool:
     """True on the process that writes outputs (the only one without accelerate launch)."""
     from accelerate import PartialState

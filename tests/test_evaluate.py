@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -50,7 +51,7 @@ def checkpoint(world, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def heldout(world, tmp_path_factory):
-    from lrc.data import TokenizeArgs, tokenize
+    from lrc.tokenize import TokenizeArgs, tokenize
 
     out = tmp_path_factory.mktemp("d")
     return tokenize(TokenizeArgs(tokenizer=str(world / "tokenizer"), source=str(world / "corpus/train.jsonl"),
@@ -207,3 +208,86 @@ def test_answer_kl_with_padding_matches_one_context_at_a_time(world):
             expected.append((p.exp() * (p - q)).sum().item())
     got = answer_kl(model, teacher, tok, contexts, batch_size=2)
     assert got == pytest.approx(sum(expected) / len(expected), rel=1e-4) and got > 0
+
+
+def _swapped_tokenizer(source, out):
+    """The same tokenizer with two token ids swapped: equal vocabulary size, other fingerprint."""
+    import shutil
+
+    shutil.copytree(source, out)
+    spec = json.loads((out / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(t for t, i in vocab.items() if i in (100, 101))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (out / "tokenizer.json").write_text(json.dumps(spec))
+    return out
+
+
+def test_another_tokenizer_of_the_same_size_is_refused_naming_both(world, checkpoint, heldout, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from lrc.tokens import tokenizer_fingerprint
+
+    other = _swapped_tokenizer(world / "tokenizer", tmp_path / "other_tok")
+    own_tok, other_tok = AutoTokenizer.from_pretrained(str(checkpoint)), AutoTokenizer.from_pretrained(str(other))
+    assert len(own_tok) == len(other_tok)
+    own, theirs = tokenizer_fingerprint(own_tok), tokenizer_fingerprint(other_tok)
+    assert own != theirs
+    out = tmp_path / "e.json"
+    out.write_text('{"earlier": true}')
+    args = ["--tasks-dir", str(world / "tasks"), "--out", str(out), "--threads", "1"]
+    with pytest.raises(LRCError, match=rf"tokenizer .*other_tok \(fingerprint {theirs}\) is not the one saved with "
+                                       rf"--model .*model \(fingerprint {own}\)"):
+        main([str(checkpoint), "--tokenizer", str(other), *args])
+    # A model saved without a tokenizer: the held-out data's manifest names the one it was built with.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(checkpoint / f, bare / f)
+    with pytest.raises(LRCError, match=rf"token directory .*valid was built with tokenizer .*fingerprint {own}\), "
+                                       rf"not with the expected tokenizer .*other_tok.*fingerprint {theirs}\)"):
+        main([str(bare), "--tokenizer", str(other), "--heldout", str(heldout), *args])
+    # ... and so does a teacher saved with its tokenizer.
+    with pytest.raises(LRCError, match=rf"\(fingerprint {theirs}\) is not the one saved with --teacher"):
+        main([str(bare), "--tokenizer", str(other), "--teacher", str(checkpoint), *args])
+    assert json.loads(out.read_text()) == {"earlier": True}  # the earlier output is left as it was
+
+
+def test_a_tampered_heldout_set_is_refused_before_lm_eval(world, checkpoint, heldout, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    import lm_eval
+
+    from lrc.cli import main as lrc
+
+    def not_reached(**kwargs):
+        raise AssertionError("lm-eval ran before the held-out set was checked")
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", not_reached)
+    copy = tmp_path / "valid"
+    shutil.copytree(heldout, copy)
+    data = bytearray((copy / "tokens.bin").read_bytes())
+    data[0] ^= 1  # same size, another id
+    (copy / "tokens.bin").write_bytes(bytes(data))
+    rc = lrc(["evaluate", str(checkpoint), "--tasks-dir", str(world / "tasks"), "--heldout", str(copy),
+              "--threads", "1", "--out", str(tmp_path / "e.json")])
+    assert rc == 2
+    assert re.search(r"^error: .*valid/tokens.bin: its SHA-256 .* recorded in manifest.json", capsys.readouterr().err, re.M)
+    assert (copy / "tokens.bin").read_bytes() == bytes(data) and not (tmp_path / "e.json").exists()
+
+
+def test_evaluation_reads_the_suites_without_the_tiny_world():
+    import subprocess
+    import sys
+
+    code = ("import sys, lrc.evaluate; "
+            "print(sorted(m for m in sys.modules if m == 'lrc.world' or m.startswith('lrc.world.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    from lrc import suites
+
+    assert load_suite is suites.load_suite  # one reader, shared with `lrc world`
+    with pytest.raises(LRCError, match="unknown suite 'tiny_task'; choose one of: tiny, paper"):
+        load_suite("tiny_task")

@@ -87,7 +87,7 @@ def test_svd_and_merge_commands(tmp_path, capsys):
     # the check batch can come from a token directory
     import numpy as np
 
-    from lrc.data import write_tokens
+    from lrc.tokens import write_tokens
 
     write_tokens(tmp_path / "tokens", np.arange(3 * 40).reshape(3, 40) % 97)
     assert lrc_main(common + ["--data", str(tmp_path / "tokens"), "--out", str(tmp_path / "merged2"), "--check-len", "24"]) == 0

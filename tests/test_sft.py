@@ -23,7 +23,7 @@ def world(tmp_path_factory):
     """A tokenizer, a random tiny base model saved as a plain HF checkpoint, and a chat token dir."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lrc.data import main as tokenize
+    from lrc.tokenize import main as tokenize
 
     root = tmp_path_factory.mktemp("sft")
     tok = make_tokenizer(root / "tok")
@@ -41,7 +41,7 @@ def world(tmp_path_factory):
 
 def answer_logprob(model, tok, i: int, answer: str) -> float:
     """log p(answer turn | question) under the chat template, summed over the answer's tokens."""
-    from lrc.data import chat_ids
+    from lrc.tokenize import chat_ids
 
     msgs = chat(i)[:1] + [{"role": "assistant", "content": answer}]
     ids, mask = chat_ids(tok, msgs)
@@ -69,9 +69,9 @@ def score(model_dir, tok) -> tuple[float, float]:
 def test_sft_raises_the_answers_and_counts_only_answer_tokens(world, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from lrc.data import TokenDataset
     from lrc.objectives import masked_ce
     from lrc.sft import main
+    from lrc.tokens import TokenDataset
     from lrc.train import StepBatches
 
     root, tok = world

@@ -1,33 +1,21 @@
 """The tiny world's local lm-eval tasks: data files and task YAMLs.
 
 The suite itself (families, metric per task) is data in ``lrc/suites/tiny.yaml``; the
-lm-eval task YAML is the template ``lrc/suites/tiny_task.yaml``.
+lm-eval task YAML is the template ``lrc/suites/tiny_task.yaml``; both are read through
+:mod:`lrc.suites`.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from lrc.errors import LRCError
+from lrc.suites import load_suite, task_template
 from lrc.world.generator import TEMPLATES, Person, World
-
-
-def load_suite(name: str) -> dict[str, Any]:
-    """The suite description shipped in ``lrc/suites/<name>.yaml``."""
-    path = resources.files("lrc") / "suites" / f"{name}.yaml"
-    if not path.is_file():
-        raise LRCError(f"unknown suite {name!r}; choose one of: tiny, paper")
-    return yaml.safe_load(path.read_text())
-
-
-def task_template() -> dict[str, Any]:
-    return yaml.safe_load((resources.files("lrc") / "suites" / "tiny_task.yaml").read_text())
 
 
 def cloze(template: str, person: Person) -> str:

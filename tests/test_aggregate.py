@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from lrc import figures, tables
+from lrc import aggregate, figures
 from lrc.errors import LRCError
 
 LM_EVAL = {"version": "0.4.13", "num_fewshot": 0, "batch_size": 16, "limit": None}
@@ -47,7 +47,7 @@ def evals(tmp_path):
 
 def test_table1_means_seeds_and_gains_over_slice(evals, tmp_path):
     out = tmp_path / "table1.csv"
-    assert tables.main(["--table", "table1", "--inputs", *map(str, evals), "--out", str(out)]) == 0
+    assert aggregate.main(["--table", "table1", "--inputs", *map(str, evals), "--out", str(out)]) == 0
     t = pd.read_csv(out).set_index("arm")
     assert list(t.index) == ["teacher", "slice", "dense", "core"]  # SFT rows are not in table 1
     assert t.loc["slice", "aggregate"] == pytest.approx(45.0)
@@ -66,7 +66,7 @@ def test_table1_means_seeds_and_gains_over_slice(evals, tmp_path):
 
 
 def test_sft_table_holds_the_fine_tuned_students_and_the_teacher(evals, tmp_path):
-    frame = tables.results_table(tables.load_evaluations(evals), sft=True)
+    frame = aggregate.results_table(aggregate.load_evaluations(evals), sft=True)
     assert list(frame["arm"]) == ["teacher", "slice"]
     assert frame.loc[1, "model"] == "lrc-slice-t1000.sft"
     assert frame.loc[1, "aggregate"] == pytest.approx(65.0)
@@ -83,7 +83,7 @@ def test_experiments_and_recipes_get_their_own_baseline(tmp_path):
         write_eval(root, "b", "lrc-slice-s0-t10", {"x": 0.1}, 0.1),
         write_eval(root, "b", "lrc-core-s0-t10", {"x": 0.3}, 0.3),
     ]
-    t = tables.results_table(tables.load_evaluations(files), sft=False)
+    t = aggregate.results_table(aggregate.load_evaluations(files), sft=False)
     gain = {(r.experiment, r.recipe, r.arm): r.gain_over_slice for r in t.itertuples()}
     assert gain[("a", "lrc", "core")] == pytest.approx(10.0)
     assert gain[("a", "kl", "core")] == pytest.approx(30.0)
@@ -94,15 +94,15 @@ def test_bad_inputs_are_refused_with_the_culprit(tmp_path):
     root = tmp_path / "results"
     bad_name = write_eval(root, "a", "lrc-slice-0", {"x": 0.5}, 0.5)
     with pytest.raises(LRCError, match="lrc-slice-0"):
-        tables.load_evaluations([bad_name])
+        aggregate.load_evaluations([bad_name])
     broken = root / "a" / "eval" / "teacher.json"
     broken.write_text("{not json")
     with pytest.raises(LRCError, match="teacher.json"):
-        tables.load_evaluations([broken])
+        aggregate.load_evaluations([broken])
     one = write_eval(root, "a", "lrc-slice-s0-t10", {"x": 0.5}, 0.5, metric="acc")
     other = write_eval(root, "a", "lrc-core-s0-t10", {"x": 0.5}, 0.5, metric="acc_norm")
     with pytest.raises(LRCError, match="'x'.*acc_norm"):
-        tables.results_table(tables.load_evaluations([one, other]), sft=False)
+        aggregate.results_table(aggregate.load_evaluations([one, other]), sft=False)
 
 
 def test_audit_table_concatenates_with_the_experiment(tmp_path):
@@ -110,7 +110,7 @@ def test_audit_table_concatenates_with_the_experiment(tmp_path):
         (tmp_path / exp).mkdir()
         (tmp_path / exp / "audit.csv").write_text("weight,reachable\nmlp.gate,8\n")
     out = tmp_path / "audit.csv"
-    tables.main(["--table", "audit", "--inputs", str(tmp_path / "a/audit.csv"), str(tmp_path / "b/audit.csv"), "--out", str(out)])
+    aggregate.main(["--table", "audit", "--inputs", str(tmp_path / "a/audit.csv"), str(tmp_path / "b/audit.csv"), "--out", str(out)])
     t = pd.read_csv(out)
     assert list(t["experiment"]) == ["a", "b"] and list(t.columns) == ["experiment", "weight", "reachable"]
 
@@ -122,7 +122,7 @@ def test_token_efficiency_figure_writes_png_and_pdf(tmp_path):
         files.append(write_eval(root, "tiny", f"lrc-slice-s0-t{tokens}", {"x": s}, s))
         files.append(write_eval(root, "tiny", f"lrc-dense-s0-t{tokens}", {"x": d}, d))
     table = tmp_path / "table1.csv"
-    tables.main(["--table", "table1", "--inputs", *map(str, files), "--out", str(table)])
+    aggregate.main(["--table", "table1", "--inputs", *map(str, files), "--out", str(table)])
     png, pdf = tmp_path / "fig.png", tmp_path / "fig.pdf"
     assert figures.main(["--table", str(table), "--out", str(png), str(pdf)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

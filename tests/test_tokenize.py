@@ -1,4 +1,4 @@
-"""Token directories: exact round trip, the LRC text recipe, chat masks, refusals, atomicity."""
+"""The `lrc tokenize` pipeline: the LRC text recipe, chat masks, sources and mixtures, refusals."""
 
 from __future__ import annotations
 
@@ -6,23 +6,12 @@ import json
 import os
 import re
 
-import numpy as np
 import pytest
 import torch
 
-from lrc.data import (
-    TokenDataset,
-    TokenizeArgs,
-    chat_ids,
-    check_vocab,
-    main,
-    read_manifest,
-    text_ids,
-    tokenize,
-    tokenizer_fingerprint,
-    write_tokens,
-)
 from lrc.errors import LRCError
+from lrc.tokenize import TokenizeArgs, chat_ids, main, text_ids, tokenize
+from lrc.tokens import TokenDataset, check_vocab, read_manifest
 from lrc.world.tokenizer import train_tokenizer
 
 DOCS = [f"Person {i} lives in town {i % 7} and works as a baker number {i}." for i in range(200)]
@@ -47,48 +36,6 @@ def corpus(tmp_path):
     path = tmp_path / "corpus.jsonl"
     path.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS))
     return path
-
-
-def test_write_tokens_round_trips_rows_and_mask(tmp_path, tok):
-    rows = np.arange(5 * 8).reshape(5, 8) % len(tok)
-    mask = (rows % 3 == 0).astype(np.uint8)
-    out = write_tokens(tmp_path / "d", rows, loss_mask=mask, tokenizer=tok, source="unit")
-    ds = TokenDataset(out, expect_tokenizer=tok)
-    assert len(ds) == 5 and ds.seq_len == 8
-    for i in range(5):
-        item = ds[i]
-        assert item["input_ids"].dtype == torch.long and item["loss_mask"].dtype == torch.bool
-        assert item["input_ids"].tolist() == rows[i].tolist()
-        assert item["loss_mask"].tolist() == mask[i].astype(bool).tolist()
-    m = read_manifest(out)
-    assert m["dtype"] == "uint16" and m["rows"] == 5 and m["tokens"] == 40 and m["source"] == "unit"
-    assert m["tokenizer"]["fingerprint"] == tokenizer_fingerprint(tok)
-    assert [p.name for p in tmp_path.iterdir()] == ["d"]  # no temporary left behind
-
-
-def test_without_mask_every_position_counts_and_large_vocab_is_uint32(tmp_path):
-    rows = np.array([[0, 70000, 5]])
-    ds = TokenDataset(write_tokens(tmp_path / "d", rows))
-    assert ds.manifest["dtype"] == "uint32"
-    assert ds[0]["input_ids"].tolist() == [0, 70000, 5]
-    assert ds[0]["loss_mask"].all()
-
-
-def test_dataset_survives_pickling_for_workers(tmp_path):
-    import pickle
-
-    ds = TokenDataset(write_tokens(tmp_path / "d", np.ones((3, 4), dtype=np.int64)))
-    ds[0]  # opens the memory map
-    clone = pickle.loads(pickle.dumps(ds))
-    assert clone[2]["input_ids"].tolist() == [1, 1, 1, 1]
-
-
-def test_truncated_file_is_refused(tmp_path):
-    out = write_tokens(tmp_path / "d", np.ones((3, 4), dtype=np.int64))
-    with open(out / "tokens.bin", "r+b") as f:
-        f.truncate(10)
-    with pytest.raises(LRCError, match="expected 24 bytes"):
-        TokenDataset(out)
 
 
 def test_plain_text_follows_the_recipe_and_round_trips(tmp_path, tok, tok_dir, corpus):

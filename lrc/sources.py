@@ -1,0 +1,203 @@
+"""Where `lrc tokenize` reads its records: local files, dataset repositories, mixtures.
+
+A source is a local ``.jsonl``/``.json``/``.txt``/``.parquet`` file, a `datasets` hub id, or
+a local directory that `datasets` reads like one. A corpus may mix several sources
+(``--mixture FILE``, a YAML list of :class:`SourceSpec` entries): :func:`mix` interleaves
+their documents so that each source's token count tracks its share, and a row filter
+(``filter_field``/``filter_min``) keeps only records scoring at least a threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import yaml
+
+from lrc.errors import LRCError
+
+LOCAL_SUFFIXES = (".jsonl", ".json", ".txt", ".parquet")
+
+
+def is_local_source(source: str) -> bool:
+    return Path(source).exists() or source.endswith(LOCAL_SUFFIXES) or source.startswith((".", "/", "~"))
+
+
+def _is_dataset_repo(source: str) -> bool:
+    """A hub id, or a local directory that `datasets` reads like one (a clone, or a stand-in)."""
+    return Path(source).is_dir() or not is_local_source(source)
+
+
+def iter_records(source: str, *, split: str = "train", dataset_config: str | None = None,
+                 revision: str | None = None) -> Iterator[dict]:
+    """Records (dicts) from a local .jsonl/.json/.txt/.parquet file or a `datasets` hub id
+    (``revision``: a branch, tag or commit of the dataset repository)."""
+    if _is_dataset_repo(source):
+        yield from _iter_hub(source, split=split, dataset_config=dataset_config, revision=revision)
+    else:
+        if revision is not None:
+            raise LRCError(f"source {source}: --revision applies to dataset repositories, not to local files")
+        yield from _iter_local(Path(source).expanduser())
+
+
+def _iter_local(path: Path) -> Iterator[dict]:
+    if not path.is_file():
+        raise LRCError(f"source file not found: {path}")
+    if path.suffix not in LOCAL_SUFFIXES:
+        raise LRCError(f"source {path}: unsupported file type {path.suffix!r}; use one of {', '.join(LOCAL_SUFFIXES)}")
+    try:
+        if path.suffix == ".jsonl":
+            with open(path, encoding="utf-8") as f:
+                for lineno, line in enumerate(f, 1):
+                    if line.strip():
+                        try:
+                            yield json.loads(line)
+                        except json.JSONDecodeError as err:
+                            raise LRCError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+        elif path.suffix == ".json":
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(data, list):
+                raise LRCError(f"{path}: a .json source must hold a list of records")
+            yield from data
+        elif path.suffix == ".txt":
+            # Documents are separated by blank lines.
+            for doc in path.read_text(encoding="utf-8").split("\n\n"):
+                if doc.strip():
+                    yield {"text": doc.strip("\n")}
+        else:
+            import pyarrow.parquet as pq
+
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+                yield from batch.to_pylist()
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        if isinstance(err, LRCError):
+            raise
+        raise LRCError(f"cannot read source file {path}: {err}") from err
+
+
+def _iter_hub(repo_id: str, *, split: str, dataset_config: str | None, revision: str | None) -> Iterator[dict]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(repo_id, dataset_config, split=split, revision=revision, streaming=True)
+        iterator = iter(ds)
+        first = next(iterator, None)
+    except Exception as err:  # offline, unknown id, bad split or revision: all surface here
+        raise LRCError(f"cannot load dataset {repo_id!r} (config {dataset_config!r}, split {split!r}, "
+                       f"revision {revision!r}) from the hub: {type(err).__name__}: {err}") from err
+    if first is not None:
+        yield first
+        yield from iterator
+
+
+def record_field(record: dict, name: str, source: str, option: str = "--text-field") -> Any:
+    """``record[name]``; a dotted name reaches into nested records (``metadata.int_score``)."""
+    value = record
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            keys = list(value) if isinstance(value, dict) else type(value).__name__
+            raise LRCError(f"source {source}: record has no field {name!r} ({part!r} not in {keys}); set {option}")
+        value = value[part]
+    return value
+
+
+# ---------------------------------------------------------------------------------------
+# Source specifications and mixtures
+
+
+@dataclass(kw_only=True)
+class SourceSpec:
+    """One source of a corpus: where to read it, which records to keep, its share of tokens.
+
+    The keys of a mixture file's entries are these field names (the `lrc tokenize` flags)."""
+
+    source: str
+    split: str = "train"
+    dataset_config: str | None = None
+    revision: str | None = None
+    text_field: str = "text"
+    messages_field: str = "messages"
+    # In a mixture: render the conversation with the chat template into one document's text.
+    chat: bool = False
+    filter_field: str | None = None
+    filter_min: float | None = None
+    share: float = 1.0
+
+    def check(self, where: str) -> None:
+        strings = {"source": False, "split": False, "dataset_config": True, "revision": True,
+                   "text_field": False, "messages_field": False, "filter_field": True}
+        for name, optional in strings.items():
+            value = getattr(self, name)
+            if not (isinstance(value, str) and value) and not (optional and value is None):
+                raise LRCError(f"{where}: {name} must be a non-empty string, got {value!r}")
+        if not isinstance(self.chat, bool):
+            raise LRCError(f"{where}: chat must be true or false, got {self.chat!r}")
+        for name in ("share", "filter_min"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise LRCError(f"{where}: {name} must be a number, got {value!r}")
+        if not self.share > 0:
+            raise LRCError(f"{where}: share must be positive, got {self.share}")
+        if (self.filter_field is None) != (self.filter_min is None):
+            raise LRCError(f"{where}: give filter_field and filter_min together (keep records with field >= min)")
+        if self.revision is not None and not _is_dataset_repo(self.source):
+            raise LRCError(f"{where}: revision applies to dataset repositories, not to the local file {self.source}")
+
+    def keeps(self, record: dict) -> bool:
+        """The row filter: a record passes if its ``filter_field`` is at least ``filter_min``."""
+        if self.filter_field is None:
+            return True
+        value = record_field(record, self.filter_field, self.source, option="--filter-field")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise LRCError(f"source {self.source}: filter field {self.filter_field!r} must be a number, "
+                           f"got {type(value).__name__} {value!r}")
+        return value >= self.filter_min
+
+
+def load_mixture(path: str | os.PathLike) -> list[SourceSpec]:
+    """The sources of a mixture file: YAML ``sources:`` list of :class:`SourceSpec` entries."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise LRCError(f"cannot read mixture file {path}: {err}") from err
+    entries = data.get("sources") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise LRCError(f"mixture file {path}: expected a mapping with a non-empty list 'sources'")
+    known = {f.name for f in fields(SourceSpec)}
+    specs = []
+    for i, entry in enumerate(entries):
+        name = entry.get("source") if isinstance(entry, dict) else None
+        where = f"mixture file {path}: sources[{i}] ({name or 'no source'})"
+        if not isinstance(entry, dict) or not name:
+            raise LRCError(f"{where}: each entry must be a mapping with a 'source'")
+        unknown = sorted(set(entry) - known)
+        if unknown:
+            raise LRCError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+        spec = SourceSpec(**entry)
+        spec.check(where)
+        specs.append(spec)
+    return specs
+
+
+def mix(streams: Sequence[Iterator[Any]], shares: Sequence[float],
+         size: Any = len) -> Iterator[tuple[int, Any]]:
+    """Interleave document streams so each one's token count tracks its share.
+
+    The next document always comes from the source furthest below its share (the first
+    listed on a tie), so no source is ever more than one document off its target. A source
+    that runs out drops out; the others fill the rest (its count shows in the manifest).
+    """
+    taken = [0] * len(streams)
+    live = list(range(len(streams)))
+    while live:
+        k = min(live, key=lambda j: taken[j] / shares[j])
+        item = next(streams[k], None)
+        if item is None:
+            live.remove(k)
+            continue
+        taken[k] += size(item)
+        yield k, item
