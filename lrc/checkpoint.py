@@ -172,6 +172,8 @@ def lock_run(accelerator, ckpt_dir: Path) -> CheckpointLock | None:
             held = CheckpointLock(ckpt_dir).acquire()
         except LRCError as err:
             error = err
+        except OSError as err:  # e.g. a read-only directory: still raised on every process alike
+            error = LRCError(f"cannot lock the checkpoint directory {ckpt_dir}: {err}")
     failed = accelerator.gather(torch.tensor([int(error is not None)], device=accelerator.device))
     if int(failed.sum()):
         raise error or LRCError(f"the main process could not lock the checkpoint directory {ckpt_dir}")
