@@ -16,7 +16,6 @@ the random complement of ``randcomp`` and (without a warm start) the factor init
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -24,7 +23,7 @@ from typing import Any, Literal, Sequence
 import torch
 
 from lrc.atomic import atomic_dir
-from lrc.checkpoint import METRICS_FILE
+from lrc.checkpoint import copy_metrics
 from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
 from lrc.options import check_choice, parse_args
@@ -108,11 +107,9 @@ def _train_and_save(command: str, args: _DistillCommon, teacher, student, datase
     objective.close()
     if not is_main_process():
         return
-    metrics = Path(args.out) / METRICS_FILE
     with atomic_dir(args.out) as tmp:
         save_lrc_state(student, tmp, command=command, recipe=args.recipe, tokens=summary["tokens"], teacher=str(args.teacher), **meta)
-        if metrics.is_file():
-            shutil.copyfile(metrics, tmp / METRICS_FILE)
+        copy_metrics(summary["metrics"], tmp)
         write_settings(tmp, command, args, training=summary)
     print(f"{command}: wrote {args.out}")
 

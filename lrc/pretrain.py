@@ -9,7 +9,6 @@ tokenizer, ``metrics.jsonl`` and ``settings.json``. Same seed and data, same wei
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -17,7 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from lrc.atomic import atomic_dir
-from lrc.checkpoint import METRICS_FILE
+from lrc.checkpoint import copy_metrics
 from lrc.errors import LRCError
 from lrc.objectives import LMObjective
 from lrc.options import parse_args
@@ -58,17 +57,17 @@ def load_model_config(path: Path):
 
 
 def save_hf_output(model: torch.nn.Module, tokenizer: Any, out: Path, *, command: str, settings: Any, summary: dict) -> None:
-    """Write the trained model, tokenizer, metrics and settings to ``out`` atomically."""
+    """Write the trained model, tokenizer, metrics and settings to ``out`` atomically.
+
+    ``metrics.jsonl`` is copied from the run's checkpoint directory (``summary["metrics"]``).
+    """
     if not is_main_process():
         return
-    out = Path(out)
-    metrics = out / METRICS_FILE
-    with atomic_dir(out) as tmp:
+    with atomic_dir(Path(out)) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        if metrics.is_file():
-            shutil.copyfile(metrics, tmp / METRICS_FILE)
+        copy_metrics(summary["metrics"], tmp)
         write_settings(tmp, command, settings, training=summary)
 
 

@@ -5,6 +5,11 @@
 accelerate, so the same code runs on one CPU, under ``accelerate launch`` with several
 processes (DDP, gloo on CPU) and with FSDP on GPUs.
 
+The code reads in the order of a run: :func:`setup` (accelerator, precision, batch split,
+optimizer, schedule, teacher placement), the checkpoint lock and :func:`resume`, :func:`fit`
+calling :func:`train_step` once per optimiser step and :class:`lrc.steplog.StepLog` for the
+metrics window and the guards, then :func:`finish` (summary, DONE marker).
+
 Decisions, and why:
 
 - **Tokens are the unit.** ``steps = tokens // (batch_size * seq_len)``; ``batch_size`` is
@@ -25,17 +30,26 @@ Decisions, and why:
 - **Checkpoints** (see :mod:`lrc.checkpoint`) hold accelerate's state (optimiser,
   scheduler, RNG of every process) plus the trainable parameters only; the frozen parts
   are rebuilt by the command that restarts. They live in ``ckpt_dir`` (default
-  ``<out_dir>.ckpt``, a sibling), outside the output Snakemake deletes on failure. A run
-  refuses to resume a checkpoint made with different settings.
+  ``<out_dir>.ckpt``, a sibling), outside the output Snakemake deletes on failure. The two
+  newest are kept and verified before use (a damaged one is set aside with a warning and
+  the previous one used); the main process holds a lock on the directory for the whole
+  run, so a second run on it is refused. A run refuses to resume a checkpoint made with
+  different settings.
+- **The checkpoint directory is the only one written.** ``metrics.jsonl`` lives there;
+  ``train`` returns its path in the summary, and each command copies it once into its own
+  atomic output directory, with the model it writes.
 - **Guards without host syncs.** Every step records, on the device, whether the loss, any
   loss term or the gradient norm is non-finite and the first step where that happened. The
   flag is read at log steps and before every checkpoint, so a poisoned run stops with an
   ``LRCError`` naming the step and the term, and never writes a checkpoint after it.
 - **Precision:** ``auto`` is fp32 on CPU and bf16 mixed precision (autocast, fp32 master
   weights) on GPU. The frozen teacher of a distillation objective (``objective.teacher``)
-  is moved to the device, kept in eval mode, and cast to bf16 under bf16 mixed precision.
-  It is never wrapped by DDP/FSDP: it has no gradients, so each process holds a full
-  replica (documented in ``config/accelerate/*.yaml``).
+  is moved to the device and cast to bf16 under bf16 mixed precision; freezing it (eval,
+  no gradients) is the objective's job, done once (:func:`lrc.hf.freeze_teacher`). It is
+  never wrapped by DDP/FSDP: it has no gradients, so each process holds a full replica
+  (documented in ``config/accelerate/*.yaml``).
+- **CPU threads** (``--threads``) are set once, by the command, before it loads anything
+  (the teacher load and the SVD use them too); the loop does not set them again.
 - AdamW over trainable parameters only; weight decay applies to matrices (``ndim >= 2``),
   not to norm weights or biases. Schedules: linear or cosine decay to 0, or constant, each
   after a linear warm-up over ``warmup`` (a fraction of the steps).
@@ -45,25 +59,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import resource
-import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from torch.utils.data import DataLoader, Dataset
 
 from lrc import checkpoint as ckpt
-from lrc.atomic import atomic_file, write_json_atomic, write_text_atomic
 from lrc.errors import LRCError
 from lrc.hf import trainable_parameters
 from lrc.options import check_choice
+from lrc.steplog import StepLog
 
 SCHEDULES = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -178,27 +191,38 @@ def _fingerprint(args: TrainArgs, seq_len: int, n_rows: int) -> dict[str, Any]:
     return {name: getattr(args, name) for name in _FINGERPRINT_FIELDS} | {"seq_len": seq_len, "rows": n_rows}
 
 
-def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: TrainArgs, out_dir: str | Path) -> dict[str, Any]:
-    """Train ``model``'s trainable parameters on ``objective``; resume from ``args.ckpt_dir``.
+# ---- setup --------------------------------------------------------------------------------
 
-    Returns a summary (steps, tokens, final loss terms, throughput, peak memory). On return
-    ``model`` holds the final weights (on its original device class, possibly the GPU); the
-    caller saves its own outputs. ``out_dir`` receives ``metrics.jsonl``.
-    """
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    out_dir = Path(out_dir)
-    ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir is not None else default_ckpt_dir(out_dir)
+@dataclass
+class Run:
+    """What :func:`setup` builds and the other parts of a run share."""
 
-    n_rows = len(dataset)
-    if n_rows == 0:
-        raise LRCError("the training data set is empty")
-    seq_len = int(dataset[0]["input_ids"].shape[-1])
-    steps = args.tokens // (args.batch_size * seq_len)
+    args: TrainArgs
+    accelerator: Any
+    wrapped: torch.nn.Module  # what the objective calls (DDP/FSDP-wrapped)
+    bare: torch.nn.Module  # the same model unwrapped (what checkpoints read and write)
+    optimizer: Any
+    scheduler: Any
+    fsdp: bool
+    mixed: str
+    steps: int
+    accum: int
+    seq_len: int
+    n_rows: int
+    ckpt_dir: Path
+    fingerprint: dict[str, Any]
 
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.args.batch_size * self.seq_len
+
+
+def _accelerator(args: TrainArgs) -> tuple[Accelerator, str]:
     mixed = "no"
     if args.precision == "bf16" or (args.precision == "auto" and torch.cuda.is_available()):
         mixed = "bf16"
@@ -206,26 +230,17 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     # bases), identical on every rank; DDP would otherwise re-send them at every forward.
     ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
     accelerator = Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False, kwargs_handlers=[ddp])
-    P = accelerator.num_processes
     launched = int(os.environ.get("WORLD_SIZE", "1"))
-    if launched != P:
+    if launched != accelerator.num_processes:
         raise LRCError(
-            f"launched with WORLD_SIZE={launched} but accelerate sees {P} process(es); "
+            f"launched with WORLD_SIZE={launched} but accelerate sees {accelerator.num_processes} process(es); "
             "on a machine without GPUs set ACCELERATE_USE_CPU=1 (see config/accelerate/cpu2.yaml)"
         )
-    if args.batch_size % (args.micro_batch_size * P):
-        raise LRCError(
-            f"--batch-size {args.batch_size} must be a multiple of --micro-batch-size {args.micro_batch_size} "
-            f"times the number of processes {P}"
-        )
-    accum = args.batch_size // (args.micro_batch_size * P)
-    if 0 < args.tokens < args.batch_size * seq_len:
-        accelerator.print(f"warning: --tokens {args.tokens} is less than one step ({args.batch_size} x {seq_len} tokens); no step is taken")
-    if accelerator.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(accelerator.device)
-    set_seed(args.seed)
-    fingerprint = _fingerprint(args, seq_len, n_rows)
+    return accelerator, mixed
 
+
+def _optimizer(model: torch.nn.Module, args: TrainArgs, steps: int):
+    """AdamW over the trainable parameters (decay on matrices only) and its lr schedule."""
     params = trainable_parameters(model)
     if not params:
         raise LRCError("the model has no trainable parameters (none with requires_grad=True)")
@@ -237,247 +252,175 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     )
     warmup_steps = math.ceil(args.warmup * steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, warmup_steps, args.schedule))
+    return optimizer, scheduler
 
+
+def place_teacher(objective: Objective, accelerator: Accelerator, mixed: str) -> None:
+    """Move the objective's frozen teacher to the device (bf16 under GPU mixed precision).
+
+    Replicated and never wrapped: it has no gradients to shard or synchronise. The objective
+    froze it already (:func:`lrc.hf.freeze_teacher`); the loop only places it.
+    """
     teacher = getattr(objective, "teacher", None)
     if isinstance(teacher, torch.nn.Module):
-        # Replicated, unwrapped, frozen: it has no gradients to shard or synchronise.
-        teacher.requires_grad_(False).eval()
         teacher.to(accelerator.device, dtype=torch.bfloat16 if (mixed == "bf16" and accelerator.device.type == "cuda") else None)
+
+
+def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: TrainArgs, ckpt_dir: Path) -> Run:
+    """Accelerator, precision, batch split, optimizer, schedule, teacher placement, prepare."""
+    n_rows = len(dataset)
+    if n_rows == 0:
+        raise LRCError("the training data set is empty")
+    seq_len = int(dataset[0]["input_ids"].shape[-1])
+    steps = args.tokens // (args.batch_size * seq_len)
+    accelerator, mixed = _accelerator(args)
+    P = accelerator.num_processes
+    if args.batch_size % (args.micro_batch_size * P):
+        raise LRCError(
+            f"--batch-size {args.batch_size} must be a multiple of --micro-batch-size {args.micro_batch_size} "
+            f"times the number of processes {P}"
+        )
+    if 0 < args.tokens < args.batch_size * seq_len:
+        accelerator.print(f"warning: --tokens {args.tokens} is less than one step ({args.batch_size} x {seq_len} tokens); no step is taken")
+    if accelerator.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(accelerator.device)
+    set_seed(args.seed)
+    optimizer, scheduler = _optimizer(model, args, steps)
+    place_teacher(objective, accelerator, mixed)
     model.train()
     wrapped, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    bare = accelerator.unwrap_model(wrapped)
     fsdp = accelerator.distributed_type.name == "FSDP"
     if not fsdp:
         # accelerate would copy the whole state dict (frozen teacher factors included) into
         # every checkpoint; save the trainable parameters ourselves instead.
         accelerator.register_save_state_pre_hook(lambda models, weights, output_dir: weights.clear())
         accelerator.register_load_state_pre_hook(lambda models, input_dir: models.clear())
+    return Run(args=args, accelerator=accelerator, wrapped=wrapped, bare=accelerator.unwrap_model(wrapped), optimizer=optimizer,
+               scheduler=scheduler, fsdp=fsdp, mixed=mixed, steps=steps, accum=args.batch_size // (args.micro_batch_size * P),
+               seq_len=seq_len, n_rows=n_rows, ckpt_dir=ckpt_dir, fingerprint=_fingerprint(args, seq_len, n_rows))
 
-    # ---- resume -------------------------------------------------------------------------
-    start_step, resumed_from = 0, None
-    done = ckpt.read_done(ckpt_dir)
-    latest = ckpt.latest_checkpoint(ckpt_dir)
-    if accelerator.is_main_process:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        ckpt.remove_partial(ckpt_dir)
-    accelerator.wait_for_everyone()
-    if latest is not None:
-        state = ckpt.read_state(latest)
-        if state["fingerprint"] != fingerprint:
-            changed = sorted(k for k in fingerprint if state["fingerprint"].get(k) != fingerprint[k])
-            raise LRCError(
-                f"checkpoint {latest} was made with other settings ({', '.join(changed)} differ); "
-                f"delete {ckpt_dir} to start afresh or use another --ckpt-dir"
-            )
-        accelerator.load_state(str(latest))
-        if not fsdp:
-            _load_trainable(bare, latest / ckpt.TRAINABLE_FILE)
-        start_step, resumed_from = int(state["step"]), str(latest)
-    if done is not None and latest is not None and int(done["step"]) == start_step == steps:
-        accelerator.print(f"training already finished ({ckpt_dir}); reusing its final state")
-        _copy_metrics(accelerator, ckpt_dir, out_dir)
-        return done["summary"] | {"resumed_from": resumed_from, "already_done": True}
 
-    # ---- metrics sinks (main process) ---------------------------------------------------
-    metrics_path = ckpt_dir / ckpt.METRICS_FILE
-    if accelerator.is_main_process:
-        _truncate_metrics(metrics_path, start_step)
-    tb = _tensorboard(ckpt_dir) if (args.tensorboard and accelerator.is_main_process) else None
-    bar = None
-    if args.progress and accelerator.is_main_process and steps > start_step:
-        from tqdm.auto import tqdm
+# ---- resume ----------------------------------------------------------------------
 
-        bar = tqdm(total=steps * args.batch_size * seq_len, initial=start_step * args.batch_size * seq_len, unit="tok", unit_scale=True, dynamic_ncols=True, file=sys.stderr)
 
-    sampler = StepBatches(n_rows, seed=args.seed, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-                          num_processes=P, process_index=accelerator.process_index, start_step=start_step, steps=steps)
-    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=0, pin_memory=accelerator.device.type == "cuda")
-    batches = iter(loader)
+def resume(run: Run) -> tuple[int, str | None, dict[str, Any] | None]:
+    """Load the newest good checkpoint: (start step, its path, the DONE marker if finished there)."""
+    latest = ckpt.load_latest(run.accelerator, run.bare, run.optimizer, run.ckpt_dir, run.fingerprint, run.fsdp)
+    if latest is None:
+        return 0, None, None
+    start_step = int(ckpt.read_state(latest)["step"])
+    done = ckpt.read_done(run.ckpt_dir)
+    finished = done if (done is not None and int(done["step"]) == start_step == run.steps) else None
+    return start_step, str(latest), finished
 
-    device = accelerator.device
-    term_names: list[str] | None = None
-    window_sum: torch.Tensor | None = None  # [loss, terms..., grad_norm] summed over the log window
-    window_steps = 0
-    first_bad_step = torch.full((), -1, dtype=torch.long, device=device)
-    first_bad_what: torch.Tensor | None = None
-    last: dict[str, float] = {}
-    t_window, t_start = time.perf_counter(), time.perf_counter()
-    cpu_window = time.process_time()  # CPU seconds of this process: robust to a busy machine
-    tokens_per_step = args.batch_size * seq_len
+
+# ---- the training step --------------------------------------------------------------------
+
+
+def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn.Parameter]) -> tuple[torch.Tensor, list[str], float]:
+    """One optimiser step: forward/backward over the micro-batches, clip, step, schedule.
+
+    Returns ``[loss, terms..., grad_norm]`` on the device (no host sync), the term names
+    and the learning rate the update used.
+    """
+    acc, accum = run.accelerator, run.accum
+    step_sum, names = None, None
+    for k in range(accum):
+        batch = {key: v.to(run.device, non_blocking=True) for key, v in next(batches).items()}
+        # DDP: only the last micro-batch of a step all-reduces the gradients.
+        with (acc.no_sync(run.wrapped) if k < accum - 1 else contextlib.nullcontext()):
+            with acc.autocast():
+                total, terms = objective.loss(batch, model=run.wrapped)
+            acc.backward(total / accum)
+        names = names or list(terms)
+        vec = torch.stack([total.detach().float()] + [terms[n].detach().float().reshape(()) for n in names])
+        step_sum = vec if step_sum is None else step_sum + vec
+    grad_norm = acc.clip_grad_norm_(trainable, run.args.grad_clip if run.args.grad_clip > 0 else float("inf"))
+    run.optimizer.step()
+    lr_used = run.scheduler.get_last_lr()[0]  # a Python float: no sync
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return torch.cat([step_sum / accum, grad_norm.detach().float().reshape(1).to(run.device)]), names, lr_used
+
+
+# ---- the run ------------------------------------------------------------------------------
+
+
+def fit(run: Run, objective: Objective, dataset: Dataset, log: StepLog, start_step: int) -> None:
+    """Steps ``start_step`` to the end, with log steps, guards and checkpoints."""
+    acc, args = run.accelerator, run.args
+    sampler = StepBatches(run.n_rows, seed=args.seed, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+                          num_processes=acc.num_processes, process_index=acc.process_index, start_step=start_step, steps=run.steps)
+    batches = iter(DataLoader(dataset, batch_sampler=sampler, num_workers=0, pin_memory=run.device.type == "cuda"))
     # After prepare: under FSDP2 the optimised tensors are the sharded ones.
-    trainable_params = [p for p in wrapped.parameters() if p.requires_grad]
-
-    for step in range(start_step, steps):
-        step_sum = None
-        for k in range(accum):
-            batch = {key: v.to(device, non_blocking=True) for key, v in next(batches).items()}
-            sync = k == accum - 1
-            # DDP: only the last micro-batch of a step all-reduces the gradients.
-            with (accelerator.no_sync(wrapped) if not sync else contextlib.nullcontext()):
-                with accelerator.autocast():
-                    total, terms = objective.loss(batch, model=wrapped)
-                accelerator.backward(total / accum)
-            if term_names is None:
-                term_names = list(terms)
-                first_bad_what = torch.zeros(len(term_names) + 2, dtype=torch.bool, device=device)
-            vec = torch.stack([total.detach().float()] + [terms[n].detach().float().reshape(()) for n in term_names])
-            step_sum = vec if step_sum is None else step_sum + vec
-        grad_norm = accelerator.clip_grad_norm_(trainable_params, args.grad_clip if args.grad_clip > 0 else float("inf"))
-        optimizer.step()
-        lr_used = scheduler.get_last_lr()[0]  # a Python float: no sync
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-
-        step_vec = torch.cat([step_sum / accum, grad_norm.detach().float().reshape(1).to(device)])
-        # Device-side guard: remember the first step with a non-finite value and which one.
-        bad = ~torch.isfinite(step_vec)
-        newly = bad.any() & (first_bad_step < 0)
-        first_bad_step = torch.where(newly, torch.full_like(first_bad_step, step), first_bad_step)
-        first_bad_what = torch.where(newly, bad, first_bad_what)
-        window_sum = step_vec if window_sum is None else window_sum + step_vec
-        window_steps += 1
-
+    trainable = [p for p in run.wrapped.parameters() if p.requires_grad]
+    for step in range(start_step, run.steps):
+        step_vec, names, lr_used = train_step(run, objective, batches, trainable)
+        log.record(step, step_vec, names)
         done_step = step + 1
-        is_log = done_step % args.log_every == 0 or done_step == steps
-        is_ckpt = done_step == steps or (args.checkpoint_every and done_step % args.checkpoint_every == 0)
+        is_log = done_step % args.log_every == 0 or done_step == run.steps
+        is_ckpt = done_step == run.steps or (args.checkpoint_every and done_step % args.checkpoint_every == 0)
         if is_log or is_ckpt:
-            _raise_if_bad(accelerator, first_bad_step, first_bad_what, term_names)
+            log.raise_if_bad()  # before any checkpoint: a poisoned state is never saved
         if is_log:
-            mean = accelerator.reduce(window_sum / window_steps, reduction="mean")
-            values = mean.tolist()  # the one host sync per log window
-            now = time.perf_counter()
-            tok_s = window_steps * tokens_per_step / max(now - t_window, 1e-9)
-            cpu_per_step = (time.process_time() - cpu_window) / window_steps
-            last = {"loss": values[0]} | dict(zip(term_names, values[1:-1])) | {"grad_norm": values[-1]}
-            record = {"step": done_step, "tokens": done_step * tokens_per_step, **last,
-                      "lr": lr_used, "tokens_per_s": tok_s, "cpu_s_per_step": cpu_per_step, "elapsed_s": now - t_start}
-            if accelerator.is_main_process:
-                with open(metrics_path, "a") as fh:
-                    fh.write(json.dumps(record) + "\n")
-                if tb is not None:
-                    for key, value in record.items():
-                        if key not in ("step",):
-                            tb.add_scalar(f"train/{key}", value, done_step)
-                if bar is not None:
-                    bar.update(window_steps * tokens_per_step)
-                    bar.set_postfix(loss=f"{values[0]:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
-            window_sum, window_steps, t_window, cpu_window = None, 0, time.perf_counter(), time.process_time()
+            log.write(done_step, lr_used)
         if is_ckpt:
-            _save_checkpoint(accelerator, bare, ckpt_dir, done_step, fingerprint, fsdp)
+            ckpt.save_checkpoint(acc, run.bare, run.ckpt_dir, done_step, run.fingerprint, run.fsdp)
 
-    if bar is not None:
-        bar.close()
-    if tb is not None:
-        tb.close()
-    wall = time.perf_counter() - t_start
+
+def finish(run: Run, log: StepLog, start_step: int, resumed_from: str | None) -> dict[str, Any]:
+    """The summary, the final state of a zero-step run, the DONE marker."""
+    acc = run.accelerator
+    log.close()
+    wall = time.perf_counter() - log.t_start
+    trained = run.steps - start_step
     summary = {
-        "steps": steps, "tokens": steps * tokens_per_step, "seq_len": seq_len, "batch_size": args.batch_size,
-        "num_processes": P, "grad_accumulation": accum, "final": last,
-        "tokens_per_s": (steps - start_step) * tokens_per_step / wall if steps > start_step else None,
-        "peak_memory_mib": peak_memory_mib(device), "mixed_precision": mixed, "device": str(device),
+        "steps": run.steps, "tokens": run.steps * run.tokens_per_step, "seq_len": run.seq_len, "batch_size": run.args.batch_size,
+        "num_processes": acc.num_processes, "grad_accumulation": run.accum, "final": log.last,
+        "tokens_per_s": trained * run.tokens_per_step / wall if trained > 0 else None,
+        "peak_memory_mib": peak_memory_mib(run.device), "mixed_precision": run.mixed, "device": str(run.device),
     }
-    if steps == 0 and latest is None:
+    if run.steps == 0 and resumed_from is None:
         # Nothing trained: still leave a final state, so a rerun finds the job done.
-        _save_checkpoint(accelerator, bare, ckpt_dir, 0, fingerprint, fsdp)
-    if accelerator.is_main_process:
-        write_json_atomic(ckpt_dir / ckpt.DONE_FILE, {"step": steps, "summary": summary})
-        ckpt.prune(ckpt_dir, keep=1)
-    _copy_metrics(accelerator, ckpt_dir, out_dir)
-    accelerator.print(f"trained {summary['tokens']:,} tokens in {steps} steps; peak memory {summary['peak_memory_mib']:.0f} MiB")
-    return summary | {"resumed_from": resumed_from, "already_done": False}
+        ckpt.save_checkpoint(acc, run.bare, run.ckpt_dir, 0, run.fingerprint, run.fsdp)
+    if acc.is_main_process:
+        ckpt.write_done(run.ckpt_dir, run.steps, summary)
+        ckpt.prune(run.ckpt_dir)
+    acc.wait_for_everyone()
+    acc.print(f"trained {summary['tokens']:,} tokens in {run.steps} steps; peak memory {summary['peak_memory_mib']:.0f} MiB")
+    return summary
 
 
-def _raise_if_bad(accelerator, first_bad_step: torch.Tensor, first_bad_what: torch.Tensor | None, term_names: list[str] | None) -> None:
-    # The earliest bad step over all processes (-1 = none); every process raises alike.
-    steps = accelerator.gather(first_bad_step.reshape(1)).tolist()
-    bad = [s for s in steps if s >= 0]
-    if not bad:
-        return
-    worst = min(bad)
-    names = ["loss"] + list(term_names or []) + ["grad_norm"]
-    what = first_bad_what.tolist() if (first_bad_what is not None and int(first_bad_step) == worst) else []
-    culprits = [n for n, b in zip(names, what) if b] or ["(on another process)"]
-    raise LRCError(
-        f"non-finite value at step {worst + 1} (1-based; after {worst} good steps) in: {', '.join(culprits)}; "
-        "stopped without saving; the last good checkpoint is kept"
-    )
+def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: TrainArgs, out_dir: str | Path) -> dict[str, Any]:
+    """Train ``model``'s trainable parameters on ``objective``; resume from the checkpoint directory.
 
-
-def _save_checkpoint(accelerator, bare: torch.nn.Module, ckpt_dir: Path, step: int, fingerprint: dict, fsdp: bool) -> None:
-    from safetensors.torch import save_file
-
-    final = ckpt_dir / ckpt.step_dir_name(step)
-    tmp = ckpt_dir / (".tmp-" + final.name)
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()  # every process writes its RNG state into tmp
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()  # ... and has finished before tmp is renamed
-    if accelerator.is_main_process:
-        if not fsdp:
-            tensors = {n: p.detach().to("cpu").contiguous() for n, p in trainable_parameters(bare)}
-            save_file(tensors, str(tmp / ckpt.TRAINABLE_FILE))
-        state = {"step": step, "data_position": step, "fingerprint": fingerprint}
-        write_json_atomic(tmp / ckpt.STATE_FILE, state)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        ckpt.prune(ckpt_dir, keep=1)
-    accelerator.wait_for_everyone()
-
-
-def _load_trainable(bare: torch.nn.Module, path: Path) -> None:
-    from safetensors.torch import load_file
-
-    saved = load_file(str(path))
-    params = dict(trainable_parameters(bare))
-    if set(saved) != set(params):
-        missing, extra = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
-        raise LRCError(f"checkpoint {path} does not match the model's trainable parameters (missing {missing[:3]}, unexpected {extra[:3]})")
-    with torch.no_grad():
-        for name, p in params.items():
-            if saved[name].shape != p.shape:
-                raise LRCError(f"checkpoint {path}: {name} has shape {tuple(saved[name].shape)}, the model {tuple(p.shape)}")
-            p.copy_(saved[name])
-
-
-def _truncate_metrics(path: Path, upto_step: int) -> None:
-    """Drop log lines written after the checkpoint we resume from (they will be redone)."""
-    if not path.is_file():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= upto_step:
-                keep.append(line)
-        except (ValueError, KeyError, TypeError):
-            pass  # a line torn by the kill
-    write_text_atomic(path, "".join(line + "\n" for line in keep))
-
-
-def _copy_metrics(accelerator, ckpt_dir: Path, out_dir: Path) -> None:
-    if accelerator.is_main_process:
-        src = ckpt_dir / ckpt.METRICS_FILE
-        with atomic_file(out_dir / ckpt.METRICS_FILE) as tmp:
-            if src.is_file():
-                shutil.copyfile(src, tmp)
-            else:
-                tmp.write_text("")
-    accelerator.wait_for_everyone()
-
-
-def _tensorboard(ckpt_dir: Path):
+    ``args.ckpt_dir`` (default ``<out_dir>.ckpt``) is the only directory written; nothing is
+    written into ``out_dir``. Returns a summary (steps, tokens, final loss terms, throughput,
+    peak memory, ``resumed_from``, ``already_done`` and ``metrics``, the path of the run's
+    metrics.jsonl for the command to copy into its output). On return ``model`` holds the
+    final weights (on its original device class, possibly the GPU).
+    """
+    ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir is not None else default_ckpt_dir(out_dir)
+    run = setup(objective, model, dataset, args, ckpt_dir)
+    held = ckpt.lock_run(run.accelerator, ckpt_dir)
+    log = None
     try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        print("warning: --tensorboard needs the tensorboard package (pip install tensorboard); skipped", file=sys.stderr)
-        return None
-    return SummaryWriter(str(ckpt_dir / "tb"))
+        start_step, resumed_from, done = resume(run)
+        extra = {"resumed_from": resumed_from, "metrics": str(ckpt_dir / ckpt.METRICS_FILE)}
+        if done is not None:
+            run.accelerator.print(f"training already finished ({ckpt_dir}); reusing its final state")
+            return done["summary"] | extra | {"already_done": True}
+        log = StepLog(run.accelerator, ckpt_dir, steps=run.steps, start_step=start_step, tokens_per_step=run.tokens_per_step,
+                      tensorboard=args.tensorboard, progress=args.progress)
+        fit(run, objective, dataset, log, start_step)
+        return finish(run, log, start_step, resumed_from) | extra | {"already_done": False}
+    finally:
+        if log is not None:
+            log.close()
+        if held is not None:
+            held.release()
 
 
 def is_main_process() -> bool:
     """True on the process that writes outputs (the only one without accelerate launch)."""
-    from accelerate import PartialState
-
     return PartialState().is_main_process

@@ -52,12 +52,14 @@ def run_training(out: Path, kind: str) -> None:
                      log_every=1, checkpoint_every=4, threads=1, progress=False)
     summary = train(objective, model, RandomTokens(rows=40), args, out)
     if is_main_process():
+        out.mkdir(parents=True, exist_ok=True)  # train() writes only into its checkpoint directory
         save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}, str(out / "weights.safetensors"))
         (out / "summary.json").write_text(json.dumps(summary))
 
 
 def _curve(out: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = Path(json.loads((out / "summary.json").read_text())["metrics"])
+    return [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
 
 
 @pytest.mark.slow

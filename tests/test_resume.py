@@ -10,14 +10,17 @@ restarted process runs the same kernels with the same thread count.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from lrc import checkpoint as ckpt
 from tests.helpers import (
     ENV,
     kill_mid_run,
@@ -27,12 +30,10 @@ from tests.helpers import (
 )
 
 
-@pytest.mark.slow
-def test_sigkill_then_restart_gives_the_uninterrupted_weights(tmp_path):
+def pretrain_command(tmp_path: Path, steps: int):
     tok = make_tokenizer(tmp_path / "tok")
     write_corpus(tmp_path / "data", tok, rows=64, seq_len=32)
     write_llama_config(tmp_path / "config.json", len(tok))
-    steps = 600
 
     def cmd(out: Path) -> list[str]:
         return [sys.executable, "-m", "lrc.cli", "pretrain", "--model-config", str(tmp_path / "config.json"),
@@ -40,6 +41,14 @@ def test_sigkill_then_restart_gives_the_uninterrupted_weights(tmp_path):
                 "--tokens", str(steps * 4 * 32), "--batch-size", "4", "--micro-batch-size", "2", "--lr", "3e-3",
                 "--schedule", "cosine", "--warmup", "0.05", "--checkpoint-every", "40", "--log-every", "20",
                 "--threads", "1", "--seed", "3", "--no-progress"]
+
+    return cmd
+
+
+@pytest.mark.slow
+def test_sigkill_then_restart_gives_the_uninterrupted_weights(tmp_path):
+    steps = 600
+    cmd = pretrain_command(tmp_path, steps)
 
     subprocess.run(cmd(tmp_path / "straight"), env=ENV, check=True, capture_output=True, timeout=300)
     kill_mid_run(cmd(tmp_path / "killed"), tmp_path / "killed.ckpt", after_step=40)
@@ -87,3 +96,24 @@ def test_pretrain_same_seed_same_weights_and_outputs(tmp_path):
     assert main(common + ["--out", str(tmp_path / "c"), "--seed", "1"]) == 0
     c = load_file(str(tmp_path / "c" / "model.safetensors"))
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
+
+
+@pytest.mark.slow
+def test_a_rerun_beside_a_live_orphan_is_refused_naming_its_pid(tmp_path):
+    """Issue 9 item 10: a run still training (an orphan of a killed Snakemake) keeps its
+    checkpoint directory; a second run on it exits 2 naming that process and touches nothing."""
+    cmd = pretrain_command(tmp_path, 4000)
+    orphan = subprocess.Popen(cmd(tmp_path / "out"), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not ckpt.list_checkpoints(tmp_path / "out.ckpt"):
+            assert orphan.poll() is None and time.monotonic() < deadline, "the first run ended or made no checkpoint"
+            time.sleep(0.05)
+        second = subprocess.run(cmd(tmp_path / "out"), env=ENV, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert f"in use by process {orphan.pid}" in second.stderr
+        assert orphan.poll() is None, "the refused run must not disturb the one holding the directory"
+        assert not (tmp_path / "out").exists()
+    finally:
+        orphan.send_signal(signal.SIGKILL)
+        orphan.wait()

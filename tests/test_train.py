@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,7 +55,9 @@ def test_training_lowers_the_loss_and_logs_every_term(tmp_path):
     args = quiet(tokens=SEQ * 8 * 30, batch_size=8, micro_batch_size=4, lr=3e-3, warmup=0.1, log_every=5)
     summary = train(LMObjective(model), model, RandomTokens(rows=16), args, tmp_path / "out")
     assert summary["steps"] == 30 and summary["grad_accumulation"] == 2 and summary["tokens"] == 30 * 8 * SEQ
-    lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert summary["metrics"] == str(tmp_path / "out.ckpt" / "metrics.jsonl")
+    assert not (tmp_path / "out").exists()  # train() writes only into its checkpoint directory
+    lines = [json.loads(x) for x in Path(summary["metrics"]).read_text().splitlines()]
     assert [x["step"] for x in lines] == [5, 10, 15, 20, 25, 30]
     for key in ("loss", "ce", "lr", "grad_norm", "tokens_per_s", "tokens"):
         assert all(math.isfinite(x[key]) for x in lines), key
@@ -70,7 +74,7 @@ def test_zero_tokens_trains_nothing_but_finishes(tmp_path):
     summary = train(LMObjective(model), model, RandomTokens(), quiet(tokens=0), tmp_path / "out")
     assert summary["steps"] == 0
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
-    assert (tmp_path / "out" / "metrics.jsonl").read_text() == ""
+    assert Path(summary["metrics"]).read_text() == ""
     assert ckpt.read_done(tmp_path / "out.ckpt")["step"] == 0
     # A second call finds the job done.
     assert train(LMObjective(model), model, RandomTokens(), quiet(tokens=0), tmp_path / "out")["already_done"]
@@ -102,7 +106,8 @@ def test_poisoned_batch_stops_with_step_and_term_and_keeps_last_checkpoint(tmp_p
         train(LMObjective(model), model, data, args, tmp_path / "out")
     assert "last good checkpoint" in str(err.value)
     kept = ckpt.list_checkpoints(tmp_path / "out.ckpt")
-    assert [p.name for p in kept] == [ckpt.step_dir_name(order - order % 2)]
+    # The two newest checkpoints before the poisoned step (steps 2 and 4), none after it.
+    assert [p.name for p in kept] == [ckpt.step_dir_name(order - order % 2 - 2), ckpt.step_dir_name(order - order % 2)]
     from safetensors.torch import load_file
 
     weights = load_file(str(kept[-1] / ckpt.TRAINABLE_FILE))
@@ -169,16 +174,12 @@ def test_resume_survives_a_torn_metrics_line(tmp_path):
     # Simulate a kill after step 2's checkpoint, mid-write of a later log line.
     ckpt_dir = tmp_path / "out.ckpt"
     (ckpt_dir / ckpt.DONE_FILE).unlink()
-    import shutil
-
-    final = ckpt.list_checkpoints(ckpt_dir)[-1]
-    shutil.move(final, ckpt_dir / ckpt.step_dir_name(2))
-    state = ckpt.read_state(ckpt_dir / ckpt.step_dir_name(2)) | {"step": 2, "data_position": 2}
-    ckpt.write_json_atomic(ckpt_dir / ckpt.step_dir_name(2) / ckpt.STATE_FILE, state)
+    assert [p.name for p in ckpt.list_checkpoints(ckpt_dir)] == [ckpt.step_dir_name(2), ckpt.step_dir_name(4)]
+    shutil.rmtree(ckpt_dir / ckpt.step_dir_name(4))
     with open(ckpt_dir / ckpt.METRICS_FILE, "a") as fh:
         fh.write('{"step": 5, "loss"')
     model = tiny_llama()
     summary = train(LMObjective(model), model, RandomTokens(), args, tmp_path / "out")
     assert summary["resumed_from"].endswith(ckpt.step_dir_name(2))
-    steps = [json.loads(x)["step"] for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(x)["step"] for x in Path(summary["metrics"]).read_text().splitlines()]
     assert steps == [1, 2, 3, 4]

@@ -1,0 +1,166 @@
+"""Checkpoint life cycle: two kept, verified on load, a damaged one set aside; one run per directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lrc import checkpoint as ckpt
+from lrc.errors import LRCError
+from lrc.objectives import LMObjective
+from lrc.train import TrainArgs, train
+from tests.helpers import ENV, SEQ, RandomTokens, tiny_llama
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 6
+ARGS = dict(tokens=SEQ * 8 * STEPS, batch_size=8, micro_batch_size=4, lr=3e-3, warmup=0.1, log_every=1, checkpoint_every=2, progress=False)
+
+
+def run(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    model = tiny_llama()
+    summary = train(LMObjective(model), model, RandomTokens(rows=24), TrainArgs(**ARGS), out)
+    return summary, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def garbage(path: Path) -> None:
+    path.write_text('{"step": 6, "fingerp')
+
+
+@pytest.fixture
+def finished(tmp_path):
+    """An uninterrupted run (its weights), then its DONE marker removed: as if killed just before it."""
+    summary, weights = run(tmp_path / "out")
+    ckpt_dir = tmp_path / "out.ckpt"
+    assert [p.name for p in ckpt.list_checkpoints(ckpt_dir)] == [ckpt.step_dir_name(4), ckpt.step_dir_name(6)]
+    (ckpt_dir / ckpt.DONE_FILE).unlink()
+    return tmp_path, ckpt_dir, weights
+
+
+def metric_steps(summary: dict) -> list[int]:
+    return [json.loads(x)["step"] for x in Path(summary["metrics"]).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name, damage", [
+    (ckpt.TRAINABLE_FILE, truncate),
+    (ckpt.TRAINER_STATE_FILE, garbage),
+    (ckpt.OPTIMIZER_FILE, truncate),
+])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(finished, capsys, name, damage):
+    tmp_path, ckpt_dir, straight = finished
+    bad = ckpt_dir / ckpt.step_dir_name(6) / name
+    damage(bad)
+    capsys.readouterr()
+    summary, weights = run(tmp_path / "out")
+    err = capsys.readouterr().err
+    assert f"checkpoint {bad.parent} is damaged: {bad} " in err and "falling back to step-000004" in err
+    assert summary["resumed_from"] == str(ckpt_dir / ckpt.step_dir_name(4)) and not summary["already_done"]
+    assert all(torch.equal(straight[n], weights[n]) for n in straight), "fallback run differs from the uninterrupted one"
+    assert metric_steps(summary) == list(range(1, STEPS + 1))
+    # The damaged one is set aside (not listed, not deleted); the redone step 6 replaced it.
+    assert (ckpt_dir / ("damaged-" + ckpt.step_dir_name(6)) / name).is_file()
+    assert [p.name for p in ckpt.list_checkpoints(ckpt_dir)] == [ckpt.step_dir_name(4), ckpt.step_dir_name(6)]
+    assert ckpt.read_done(ckpt_dir)["step"] == STEPS
+
+
+def test_with_no_good_checkpoint_the_run_starts_afresh(finished, capsys):
+    tmp_path, ckpt_dir, straight = finished
+    truncate(ckpt_dir / ckpt.step_dir_name(6) / ckpt.OPTIMIZER_FILE)
+    garbage(ckpt_dir / ckpt.step_dir_name(4) / ckpt.TRAINER_STATE_FILE)
+    capsys.readouterr()
+    summary, weights = run(tmp_path / "out")
+    err = capsys.readouterr().err
+    assert str(ckpt_dir / ckpt.step_dir_name(6) / ckpt.OPTIMIZER_FILE) in err
+    assert str(ckpt_dir / ckpt.step_dir_name(4) / ckpt.TRAINER_STATE_FILE) in err and "starting afresh" in err
+    assert summary["resumed_from"] is None
+    assert all(torch.equal(straight[n], weights[n]) for n in straight)
+    assert metric_steps(summary) == list(range(1, STEPS + 1))
+
+
+def test_verify_names_each_missing_or_unreadable_file(finished):
+    _, ckpt_dir, _ = finished
+    step_dir = ckpt_dir / ckpt.step_dir_name(6)
+    expect = dict(trainable={n: tuple(p.shape) for n, p in tiny_llama().named_parameters()}, optimizer_params=None, processes=1)
+    ckpt.verify_checkpoint(step_dir, **expect)  # whole: passes
+    with pytest.raises(ckpt.DamagedCheckpoint, match="other trainable parameters"):
+        ckpt.verify_checkpoint(step_dir, **(expect | {"trainable": {"lm_head.weight": (97, 32)}}))
+    n = len(expect["trainable"])
+    ckpt.verify_checkpoint(step_dir, **(expect | {"optimizer_params": n}))
+    with pytest.raises(ckpt.DamagedCheckpoint, match=f"holds {n} parameters, the optimiser {n + 1}"):
+        ckpt.verify_checkpoint(step_dir, **(expect | {"optimizer_params": n + 1}))
+    truncate(step_dir / ckpt.RNG_FILE.format(0))
+    with pytest.raises(ckpt.DamagedCheckpoint, match=ckpt.RNG_FILE.format(0)) as err:
+        ckpt.verify_checkpoint(step_dir, **expect)
+    assert err.value.path == step_dir / ckpt.RNG_FILE.format(0)
+    (step_dir / ckpt.SCHEDULER_FILE).unlink()
+    with pytest.raises(ckpt.DamagedCheckpoint, match=f"{ckpt.SCHEDULER_FILE}: missing"):
+        ckpt.verify_checkpoint(step_dir, **expect)
+
+
+HOLD = """
+import sys, time
+from lrc.checkpoint import CheckpointLock
+CheckpointLock(sys.argv[1]).acquire()
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_run_on_a_locked_checkpoint_directory_is_refused_naming_the_holder(tmp_path):
+    ckpt_dir = tmp_path / "out.ckpt"
+    partial = ckpt_dir / ".tmp-step-000002"  # what a live run could be writing: the refused run must not touch it
+    partial.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(ckpt_dir)], env=ENV | {"PYTHONPATH": str(REPO)}, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked", holder.stderr.read()
+        assert (ckpt_dir / ckpt.LOCK_FILE).read_text().strip() == str(holder.pid)
+        with pytest.raises(LRCError, match=rf"in use by process {holder.pid} .*stop that process or wait"):
+            run(tmp_path / "out")
+        assert partial.is_dir() and ckpt.list_checkpoints(ckpt_dir) == [] and not Path(ckpt_dir / ckpt.METRICS_FILE).exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # The kernel released the lock of the killed holder: the next run proceeds.
+    summary, _ = run(tmp_path / "out")
+    assert summary["steps"] == STEPS and not partial.exists()
+    assert (ckpt_dir / ckpt.LOCK_FILE).read_text().strip() == str(os.getpid())
+
+
+def test_the_lock_is_released_when_a_run_ends_or_fails(tmp_path):
+    run(tmp_path / "out")
+    with ckpt.CheckpointLock(tmp_path / "out.ckpt"):
+        with pytest.raises(LRCError, match=f"in use by process {os.getpid()}"):
+            ckpt.CheckpointLock(tmp_path / "out.ckpt").acquire()
+    model = tiny_llama()
+    with pytest.raises(LRCError, match="other settings"):
+        train(LMObjective(model), model, RandomTokens(rows=24), TrainArgs(**(ARGS | {"lr": 1e-3})), tmp_path / "out")
+    ckpt.CheckpointLock(tmp_path / "out.ckpt").acquire().release()
+
+
+def test_metrics_are_truncated_to_the_resumed_step_and_copied_once(tmp_path):
+    path = tmp_path / "ckpt" / ckpt.METRICS_FILE
+    ckpt.truncate_metrics(path, 0)  # no log yet: an empty one
+    assert path.read_text() == ""
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "lo')
+    ckpt.truncate_metrics(path, 2)
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt.copy_metrics(path, out)
+    assert (out / ckpt.METRICS_FILE).read_text() == path.read_text()
+    ckpt.copy_metrics(tmp_path / "nowhere.jsonl", out)
+    assert (out / ckpt.METRICS_FILE).read_text() == ""
+
+
+def test_the_trainer_state_file_keeps_its_name_on_disk():
+    assert ckpt.TRAINER_STATE_FILE == "trainer_state.json" and not hasattr(ckpt, "STATE_FILE")
