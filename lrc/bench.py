@@ -41,6 +41,7 @@ import torch
 
 from lrc.atomic import atomic_file, write_json_atomic
 from lrc.errors import LRCError
+from lrc.hf import load_teacher
 from lrc.options import check_choice, parse_args
 
 BASELINE = "kd"
@@ -107,8 +108,9 @@ class RandomRows(torch.utils.data.Dataset):
 
 
 def load_bench_teacher(spec: Path, seed: int):
-    from lrc.student import freeze_teacher, load_teacher
+    """The teacher to time: a checkpoint, or random weights of a config's shape (seeded).
 
+    Not frozen here: the student built on it (or KDObjective) freezes it (lrc.hf)."""
     spec = Path(spec)
     if spec.is_dir():
         return load_teacher(spec)
@@ -118,7 +120,7 @@ def load_bench_teacher(spec: Path, seed: int):
         from lrc.pretrain import load_model_config
 
         torch.manual_seed(seed)
-        return freeze_teacher(AutoModelForCausalLM.from_config(load_model_config(spec)))
+        return AutoModelForCausalLM.from_config(load_model_config(spec)).eval()
     raise LRCError(f"--teacher {spec}: neither a checkpoint directory nor a config .json file")
 
 

@@ -45,11 +45,11 @@ from transformers.initialization import no_init_weights
 
 from lrc.atomic import atomic_file, write_text_atomic
 from lrc.errors import LRCError
-from lrc.hf import (  # noqa: F401  (re-exported)
+from lrc.hf import (
     SUPPORTED_MODEL_TYPES,
+    check_safetensors,
     freeze_teacher,
-    load_teacher,
-    trainable_parameters,
+    trainable_parameters,  # noqa: F401  (re-exported: the tests' import)
 )
 from lrc.options import check_choice
 from lrc.reach import (
@@ -220,7 +220,16 @@ def read_lrc_meta(state_dir: str | Path) -> dict:
     path = Path(state_dir) / STATE_META
     if not path.is_file():
         raise LRCError(f"{state_dir} is not an LRC state directory (missing {STATE_META})")
-    return json.loads(path.read_text())
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise LRCError(f"LRC state metadata {path} is not valid JSON: {err}") from err
+    if not isinstance(info, dict):
+        raise LRCError(f"LRC state metadata {path} is not a JSON object")
+    missing = [k for k in ("arm", "student_hidden", "norm_eps") if k not in info]
+    if missing:
+        raise LRCError(f"LRC state metadata {path} lacks {', '.join(missing)}")
+    return info
 
 
 def load_lrc_state(state_dir: str | Path, teacher, bases=None):
@@ -237,6 +246,7 @@ def load_lrc_state(state_dir: str | Path, teacher, bases=None):
     path = Path(state_dir) / STATE_FILE  # checked before the (costly) rebuild
     if not path.is_file():
         raise LRCError(f"{state_dir} has no {STATE_FILE}")
+    check_safetensors(path, "LRC student state")
     student = build_student(teacher, info["student_hidden"], init="normal", seed=info.get("seed", 0), norm_eps=info["norm_eps"])
     apply_arm(student, teacher, arm, bases=bases, seed=info.get("arm_seed", 0))
     for key in ("init", "init_std", "seed"):
