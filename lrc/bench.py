@@ -38,11 +38,21 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 import torch
+from torch.nn.utils import parametrize
+from transformers import AutoModelForCausalLM
 
 from lrc.atomic import atomic_file, write_json_atomic
+from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
 from lrc.hf import load_teacher
+from lrc.names import ARMS
+from lrc.objectives import KDObjective
 from lrc.options import check_choice, parse_args
+from lrc.pretrain import load_model_config
+from lrc.provenance import provenance, to_jsonable
+from lrc.reach import apply_arm
+from lrc.student import build_student, student_config
+from lrc.train import TrainArgs, train
 
 BASELINE = "kd"
 
@@ -115,18 +125,12 @@ def load_bench_teacher(spec: Path, seed: int):
     if spec.is_dir():
         return load_teacher(spec)
     if spec.suffix == ".json" and spec.is_file():
-        from transformers import AutoModelForCausalLM
-
-        from lrc.pretrain import load_model_config
-
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(load_model_config(spec)).eval()
     raise LRCError(f"--teacher {spec}: neither a checkpoint directory nor a config .json file")
 
 
 def _count_parametrisation_calls(model) -> list[int]:
-    from torch.nn.utils import parametrize
-
     counter = [0]
     for module in model.modules():
         if parametrize.is_parametrized(module):
@@ -138,12 +142,6 @@ def _count_parametrisation_calls(model) -> list[int]:
 
 def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     """One timed run of ``arm`` in this process (called in a fresh subprocess)."""
-    from lrc.clone import CloneObjective, RecipeArgs
-    from lrc.objectives import KDObjective
-    from lrc.reach import apply_arm
-    from lrc.student import build_student, student_config
-    from lrc.train import TrainArgs, train
-
     torch.set_num_threads(args.threads)
     base_rss = _reset_peak_rss()
     teacher = load_bench_teacher(args.teacher, args.seed)
@@ -208,8 +206,6 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def bench(args: BenchArgs) -> list[dict]:
-    from lrc.reach import ARMS
-
     for arm in args.arms:
         check_choice("arm", arm, ARMS)
     for name in ("batch_size", "seq_len", "steps", "repeats", "threads", "student_hidden"):
@@ -276,8 +272,6 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lrc.provenance import provenance, to_jsonable
-
     args = parse_args(BenchArgs, argv, prog="lrc bench")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     context = describe(args, device)

@@ -26,11 +26,13 @@ import torch
 from lrc.atomic import atomic_dir
 from lrc.checkpoint import METRICS_FILE
 from lrc.clone import CloneObjective, RecipeArgs
+from lrc.data import check_vocab
 from lrc.errors import LRCError
 from lrc.hf import load_teacher, tokenizer_if_any
+from lrc.names import ARMS
 from lrc.options import check_choice, parse_args
 from lrc.provenance import write_settings
-from lrc.reach import ARMS, apply_arm, arm_of
+from lrc.reach import apply_arm, arm_of
 from lrc.spectral import compute_bases, load_bases
 from lrc.student import build_student, load_lrc_state, save_lrc_state
 from lrc.train import (
@@ -80,8 +82,6 @@ def _recipe(args: RecipeArgs) -> RecipeArgs:
 
 
 def _load(args: _DistillCommon):
-    from lrc.data import check_vocab
-
     if args.threads:
         torch.set_num_threads(args.threads)
     teacher = load_teacher(args.teacher, allow_pickle=args.allow_pickle)

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers.initialization import no_init_weights
 
 from lrc.atomic import atomic_dir, write_json_atomic
+from lrc.data import TokenDataset
 from lrc.errors import LRCError
 from lrc.hf import load_causal_lm, load_teacher, save_causal_lm, tokenizer_if_any
 from lrc.options import parse_args
@@ -48,8 +50,6 @@ def plain_config(student):
 @torch.no_grad()
 def merge_student(student):
     """A new plain model (same class, student config) with the materialised weights."""
-    from transformers.initialization import no_init_weights
-
     cfg = plain_config(student)
     with no_init_weights():  # every weight is loaded below
         merged = type(student)(cfg)
@@ -130,8 +130,6 @@ class MergeArgs:
 
 
 def check_batch_from_tokens(directory: Path, rows: int, length: int) -> torch.Tensor:
-    from lrc.data import TokenDataset
-
     ds = TokenDataset(directory)
     if len(ds) == 0:
         raise LRCError(f"token directory {directory} has no rows")

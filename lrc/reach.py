@@ -44,6 +44,7 @@ from torch.nn.utils import parametrize
 from lrc.errors import LRCError
 from lrc.names import ARMS, MLP_KINDS
 from lrc.options import check_choice
+from lrc.spectral import compute_bases
 
 DOWN_FACTOR_BUFFER = "lrc_down_factor"
 
@@ -175,8 +176,6 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0) -> None:
         return
     if arm in ("core", "confined", "randcomp"):
         if bases is None:
-            from lrc.spectral import compute_bases
-
             bases = compute_bases(teacher)
         bases.check_matches(teacher)
     for i, layer in enumerate(student.model.layers):

@@ -59,6 +59,7 @@ from lrc.reach import (
     TeacherTimesFactorT,
     apply_arm,
 )
+from lrc.spectral import embedding_right_basis
 
 INITS = ("normal", "spectral")
 STATE_FILE = "student.safetensors"
@@ -116,8 +117,6 @@ def spectral_projection(teacher, r: int, bases=None) -> torch.Tensor:
             raise LRCError(f"spectral init: embedding basis has shape {tuple(bases.embed_V.shape)}, teacher hidden size is {H}")
         v = bases.embed_V
     else:
-        from lrc.spectral import embedding_right_basis
-
         v = embedding_right_basis(teacher)[0]
     return v[:, :r].to(FACTOR_DTYPE).contiguous()
 
