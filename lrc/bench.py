@@ -74,6 +74,7 @@ class BenchArgs:
     threads: int = field(default=1, metadata={"help": "torch CPU threads"})
     precision: Literal["auto", "fp32", "bf16"] = field(default="auto", metadata={"help": "as in training: auto = fp32 on CPU, bf16 on GPU"})
     seed: int = field(default=0, metadata={"help": "seed of the random teacher, the students and the data"})
+    allow_pickle: bool = field(default=False, metadata={"help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
 
 
 def _proc_status_mib(key: str) -> float | None:
@@ -117,13 +118,13 @@ class RandomRows(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "loss_mask": torch.ones(self.ids.shape[1], dtype=torch.bool)}
 
 
-def load_bench_teacher(spec: Path, seed: int):
+def load_bench_teacher(spec: Path, seed: int, allow_pickle: bool = False):
     """The teacher to time: a checkpoint, or random weights of a config's shape (seeded).
 
     Not frozen here: the student built on it (or KDObjective) freezes it (lrc.hf)."""
     spec = Path(spec)
     if spec.is_dir():
-        return load_teacher(spec)
+        return load_teacher(spec, allow_pickle=allow_pickle)
     if spec.suffix == ".json" and spec.is_file():
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(load_model_config(spec)).eval()
@@ -144,7 +145,7 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     """One timed run of ``arm`` in this process (called in a fresh subprocess)."""
     torch.set_num_threads(args.threads)
     base_rss = _reset_peak_rss()
-    teacher = load_bench_teacher(args.teacher, args.seed)
+    teacher = load_bench_teacher(args.teacher, args.seed, args.allow_pickle)
     recipe = RecipeArgs(recipe=args.recipe)
     if arm == BASELINE:
         torch.manual_seed(args.seed)
@@ -245,7 +246,7 @@ def bench(args: BenchArgs) -> list[dict]:
 
 
 def describe(args: BenchArgs, device: str) -> dict:
-    teacher = load_bench_teacher(args.teacher, args.seed)
+    teacher = load_bench_teacher(args.teacher, args.seed, args.allow_pickle)
     c = teacher.config
     return {"teacher_hidden": c.hidden_size, "d_ff": c.intermediate_size, "layers": c.num_hidden_layers, "vocab": c.vocab_size,
             "student_hidden": args.student_hidden, "batch_size": args.batch_size, "seq_len": args.seq_len,

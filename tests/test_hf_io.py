@@ -99,7 +99,8 @@ def test_pickled_teacher_is_refused_by_every_command_unless_allowed(world, tmp_p
     _fails(["recover", "--teacher", str(world / "teacher"), "--merged", str(_pickled_copy(world / "merged", tmp_path / "pm")),
             "--out", str(tmp_path / "r")], capsys, "pytorch_model.bin")
     _fails(["audit", str(pickled), "--student-hidden", str(R), "--student", str(world / "merged")], capsys, "pytorch_model.bin")
-    assert not any((tmp_path / d).exists() for d in ("m", "r"))
+    _fails(["bench", "--teacher", str(pickled), "--student-hidden", str(R), "--out", str(tmp_path / "b.csv")], capsys, "pytorch_model.bin")
+    assert not any((tmp_path / d).exists() for d in ("m", "r", "b.csv"))
     # explicitly allowed: loaded (with torch.load(weights_only=True)), same bases as from safetensors
     assert lrc_main(["svd", "--teacher", str(pickled), "--out", str(tmp_path / "svd2"), "--allow-pickle"]) == 0
     ours, theirs = load_bases(world / "svd"), load_bases(tmp_path / "svd2")
@@ -225,3 +226,18 @@ def test_bases_without_a_fingerprint_are_accepted_with_a_warning(world, tmp_path
     assert "warning" in err and str(tmp_path / "old" / BASES_FILE) in err and "lrc svd" in err
     meta = json.loads((tmp_path / "old" / BASES_META).read_text())
     assert "teacher_fingerprint" not in meta
+
+
+def test_the_teacher_is_frozen_where_it_becomes_one_not_by_the_loader(world):
+    """The loader serves models that train (sft) too: it does not freeze; the LRC student
+    built on a teacher, or the plain-KD objective, does (lrc.hf, "Where the teacher is frozen")."""
+    from lrc.objectives import KDObjective
+    from lrc.student import student_config
+
+    teacher = load_teacher(world / "teacher")
+    assert not teacher.training and all(p.requires_grad for p in teacher.parameters())
+    build_student(teacher, R)
+    assert not any(p.requires_grad for p in teacher.parameters())
+    teacher = make_teacher("llama-untied").train()
+    KDObjective(teacher, type(teacher)(student_config(teacher.config, R)))
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
