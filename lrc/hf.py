@@ -98,6 +98,11 @@ def weight_files(directory: str | os.PathLike, role: str = "model", *, allow_pic
     Safetensors files when there are any; otherwise pickled files, which are refused
     (naming the file) unless ``allow_pickle``."""
     d = Path(directory)
+    for index in sorted(d.glob("*.index.json")):  # a sharded checkpoint's map of shards
+        try:
+            json.loads(index.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise LRCError(f"{role} weights index {index} is not valid JSON: {err}") from err
     safetensors = sorted(d.glob("*.safetensors"))
     for f in safetensors:
         check_safetensors(f, role)

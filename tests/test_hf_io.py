@@ -121,6 +121,10 @@ def test_pickles_are_refused_by_the_shared_loader(world, tmp_path):
     (tmp_path / "empty" / "config.json").write_text((pickled / "config.json").read_text())
     with pytest.raises(LRCError, match="has no weights"):
         load_causal_lm(tmp_path / "empty", dtype=torch.float32)
+    sharded = _copy(world / "teacher", tmp_path / "sharded")
+    (sharded / "model.safetensors.index.json").write_text('{"weight_map": ')
+    with pytest.raises(LRCError, match="model.safetensors.index.json is not valid JSON"):
+        load_teacher(sharded)
 
 
 def test_distill_refuses_a_pickled_teacher(world, tmp_path):
@@ -241,3 +245,15 @@ def test_the_teacher_is_frozen_where_it_becomes_one_not_by_the_loader(world):
     teacher = make_teacher("llama-untied").train()
     KDObjective(teacher, type(teacher)(student_config(teacher.config, R)))
     assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+
+
+def test_a_sharded_safetensors_checkpoint_loads_and_a_truncated_shard_is_named(tmp_path):
+    teacher = make_teacher("qwen2-tied")
+    teacher.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    shards = sorted((tmp_path / "sharded").glob("*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    loaded = load_teacher(tmp_path / "sharded")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), teacher.state_dict().values()))
+    _truncate(shards[-1])
+    with pytest.raises(LRCError, match=str(shards[-1])):
+        load_teacher(tmp_path / "sharded")
