@@ -38,9 +38,9 @@ from lrc.hf import (
 from lrc.names import ARMS, MLP_KINDS
 from lrc.options import parse_args
 from lrc.provenance import write_settings
+from lrc.reach import FULL_REACH_ARMS
 from lrc.spectral import column_basis, load_bases, mlp_teacher_matrix
 
-FULL_REACH = ("dense", "core", "randcomp")
 MLP_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -92,7 +92,7 @@ def reachability_table(cfg: dict, r: int) -> list[dict]:
         slice_reach = deployed if rank is None else rank * r
         row = {"weight": name, "count": count, "shape": "x".join(map(str, shape)), "deployed": deployed}
         for arm in ARMS:
-            full = name in MLP_WEIGHTS and arm in FULL_REACH
+            full = name in MLP_WEIGHTS and arm in FULL_REACH_ARMS
             row[f"reach_{arm}"] = deployed if full else slice_reach
         row["u"] = slice_reach / deployed
         row["stranded"] = 1.0 - row["u"]

@@ -45,7 +45,7 @@ from lrc.atomic import atomic_file, write_json_atomic
 from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
 from lrc.hf import load_teacher
-from lrc.names import ARMS
+from lrc.names import ARMS, MAIN_ARMS
 from lrc.objectives import KDObjective
 from lrc.options import check_choice, parse_args
 from lrc.pretrain import load_model_config
@@ -64,7 +64,7 @@ class BenchArgs:
     teacher: Path = field(metadata={"help": "teacher checkpoint directory, or a config JSON (random weights)"})
     student_hidden: int = field(metadata={"help": "student hidden size r"})
     out: Path = field(metadata={"help": "CSV file to write"})
-    arms: list[str] = field(default_factory=lambda: ["slice", "dense", "core"], metadata={"help": "arms to time (kd, the baseline, is always added)"})
+    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={"help": "arms to time (kd, the baseline, is always added)"})
     recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe of the arms"})
     batch_size: int = field(default=8, metadata={"help": "sequences per step (one micro-batch)"})
     seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
