@@ -146,7 +146,10 @@ class _FactorInit:
 
 
 def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: float = 0.02, bases=None, seed: int = 0, norm_eps: float | None = None):
-    """The plain-LRC (`slice`) student of width ``hidden_size`` for ``teacher``."""
+    """The plain-LRC (`slice`) student of width ``hidden_size`` for ``teacher``.
+
+    Freezes ``teacher``: its weights are the student's frozen buffers (shared storage), and
+    this is where an LRC run's teacher is frozen, once (:mod:`lrc.hf`)."""
     check_teacher(teacher)
     check_choice("init", init, INITS)
     freeze_teacher(teacher)
