@@ -28,11 +28,19 @@ import torch
 
 from lrc.atomic import atomic_dir, atomic_file
 from lrc.errors import LRCError
-from lrc.hf import SUPPORTED_MODEL_TYPES
-from lrc.reach import ARMS
-from lrc.spectral import MLP_KINDS
+from lrc.hf import (
+    SUPPORTED_MODEL_TYPES,
+    load_causal_lm,
+    load_teacher,
+    save_causal_lm,
+    tokenizer_if_any,
+)
+from lrc.names import ARMS, MLP_KINDS
+from lrc.options import parse_args
+from lrc.provenance import write_settings
+from lrc.reach import FULL_REACH_ARMS
+from lrc.spectral import column_basis, load_bases, mlp_teacher_matrix
 
-FULL_REACH = ("dense", "core", "randcomp")
 MLP_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -44,8 +52,10 @@ def read_teacher_config(path: str | Path) -> dict:
         raise LRCError(f"teacher {p}: no config.json found")
     try:
         cfg = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise LRCError(f"teacher config {file} is not valid JSON: {err}") from err
+    if not isinstance(cfg, dict):
+        raise LRCError(f"teacher config {file} is not a JSON object")
     if cfg.get("model_type") not in SUPPORTED_MODEL_TYPES:
         raise LRCError(f"unsupported teacher model_type {cfg.get('model_type')!r} in {file}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
@@ -82,7 +92,7 @@ def reachability_table(cfg: dict, r: int) -> list[dict]:
         slice_reach = deployed if rank is None else rank * r
         row = {"weight": name, "count": count, "shape": "x".join(map(str, shape)), "deployed": deployed}
         for arm in ARMS:
-            full = name in MLP_WEIGHTS and arm in FULL_REACH
+            full = name in MLP_WEIGHTS and arm in FULL_REACH_ARMS
             row[f"reach_{arm}"] = deployed if full else slice_reach
         row["u"] = slice_reach / deployed
         row["stranded"] = 1.0 - row["u"]
@@ -96,8 +106,6 @@ def mlp_stranded_fraction(cfg: dict, r: int) -> float:
 
 
 def _mlp_bases(teacher, bases):
-    from lrc.spectral import column_basis, mlp_teacher_matrix
-
     def get(i, kind):
         if bases is not None:
             return bases.basis(i, kind).double()
@@ -162,11 +170,10 @@ class AuditArgs:
     student: Path | None = field(default=None, metadata={"help": "merged student checkpoint: measure MLP occupancy outside the teacher's spaces"})
     bases: Path | None = field(default=None, metadata={"help": "teacher bases directory (computed from the teacher if omitted)"})
     knockout: Path | None = field(default=None, metadata={"help": "write a copy of --student with the outside part removed here"})
+    allow_pickle: bool = field(default=False, metadata={"help": "accept teacher/student weights stored as pickles (pytorch_model.bin; can run code when loaded)"})
 
 
 def main(argv=None) -> int:
-    from lrc.options import parse_args
-
     args = parse_args(AuditArgs, argv, prog="lrc audit")
     cfg = read_teacher_config(args.teacher)
     rows = reachability_table(cfg, args.student_hidden)
@@ -190,21 +197,13 @@ def main(argv=None) -> int:
 
 
 def _audit_student(args, cfg, rows) -> list[dict]:
-    from transformers import AutoModelForCausalLM
-
-    from lrc.hf import load_teacher
-    from lrc.provenance import write_settings
-    from lrc.spectral import load_bases
-
     if not Path(args.teacher).is_dir():
         raise LRCError("--student needs the teacher's weights: give TEACHER as a checkpoint directory, not a config file")
-    teacher = load_teacher(args.teacher)
-    if not (args.student / "config.json").is_file():
-        raise LRCError(f"--student {args.student} has no config.json")
-    student = AutoModelForCausalLM.from_pretrained(args.student, dtype=torch.float32, trust_remote_code=False).eval()
+    teacher = load_teacher(args.teacher, allow_pickle=args.allow_pickle)
+    student = load_causal_lm(args.student, dtype=torch.float32, role="--student", allow_pickle=args.allow_pickle)
     if student.config.intermediate_size != cfg["intermediate_size"] or student.config.num_hidden_layers != cfg["num_hidden_layers"]:
         raise LRCError(f"--student {args.student} does not have the teacher's MLP width and depth")
-    bases = load_bases(args.bases) if args.bases is not None else None
+    bases = load_bases(args.bases, teacher) if args.bases is not None else None
     per_layer = occupancy(teacher, student, bases)
     for row in rows:
         mine = [r for r in per_layer if r["weight"] == row["weight"]]
@@ -215,11 +214,7 @@ def _audit_student(args, cfg, rows) -> list[dict]:
     if args.knockout is not None:
         knockout(teacher, student, bases)
         with atomic_dir(args.knockout) as tmp:
-            student.save_pretrained(tmp)
-            if (args.student / "tokenizer_config.json").is_file():
-                from transformers import AutoTokenizer
-
-                AutoTokenizer.from_pretrained(args.student).save_pretrained(tmp)
+            save_causal_lm(student, tmp, tokenizer_if_any(args.student))
             removed = sum(r["outside"] for r in per_layer) / sum(r["energy"] for r in per_layer)
             write_settings(tmp, "audit --knockout", args, removed_mlp_energy_fraction=removed)
     return per_layer

@@ -38,10 +38,21 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 import torch
+from torch.nn.utils import parametrize
+from transformers import AutoModelForCausalLM
 
 from lrc.atomic import atomic_file, write_json_atomic
+from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
+from lrc.hf import load_teacher
+from lrc.names import ARMS, MAIN_ARMS
+from lrc.objectives import KDObjective
 from lrc.options import check_choice, parse_args
+from lrc.pretrain import load_model_config
+from lrc.provenance import provenance, to_jsonable
+from lrc.reach import apply_arm
+from lrc.student import build_student, student_config
+from lrc.train import TrainArgs, train
 
 BASELINE = "kd"
 
@@ -53,7 +64,7 @@ class BenchArgs:
     teacher: Path = field(metadata={"help": "teacher checkpoint directory, or a config JSON (random weights)"})
     student_hidden: int = field(metadata={"help": "student hidden size r"})
     out: Path = field(metadata={"help": "CSV file to write"})
-    arms: list[str] = field(default_factory=lambda: ["slice", "dense", "core"], metadata={"help": "arms to time (kd, the baseline, is always added)"})
+    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={"help": "arms to time (kd, the baseline, is always added)"})
     recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe of the arms"})
     batch_size: int = field(default=8, metadata={"help": "sequences per step (one micro-batch)"})
     seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
@@ -63,6 +74,7 @@ class BenchArgs:
     threads: int = field(default=1, metadata={"help": "torch CPU threads"})
     precision: Literal["auto", "fp32", "bf16"] = field(default="auto", metadata={"help": "as in training: auto = fp32 on CPU, bf16 on GPU"})
     seed: int = field(default=0, metadata={"help": "seed of the random teacher, the students and the data"})
+    allow_pickle: bool = field(default=False, metadata={"help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
 
 
 def _proc_status_mib(key: str) -> float | None:
@@ -106,25 +118,20 @@ class RandomRows(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "loss_mask": torch.ones(self.ids.shape[1], dtype=torch.bool)}
 
 
-def load_bench_teacher(spec: Path, seed: int):
-    from lrc.student import freeze_teacher, load_teacher
+def load_bench_teacher(spec: Path, seed: int, allow_pickle: bool = False):
+    """The teacher to time: a checkpoint, or random weights of a config's shape (seeded).
 
+    Not frozen here: the student built on it (or KDObjective) freezes it (lrc.hf)."""
     spec = Path(spec)
     if spec.is_dir():
-        return load_teacher(spec)
+        return load_teacher(spec, allow_pickle=allow_pickle)
     if spec.suffix == ".json" and spec.is_file():
-        from transformers import AutoModelForCausalLM
-
-        from lrc.pretrain import load_model_config
-
         torch.manual_seed(seed)
-        return freeze_teacher(AutoModelForCausalLM.from_config(load_model_config(spec)))
+        return AutoModelForCausalLM.from_config(load_model_config(spec)).eval()
     raise LRCError(f"--teacher {spec}: neither a checkpoint directory nor a config .json file")
 
 
 def _count_parametrisation_calls(model) -> list[int]:
-    from torch.nn.utils import parametrize
-
     counter = [0]
     for module in model.modules():
         if parametrize.is_parametrized(module):
@@ -136,15 +143,9 @@ def _count_parametrisation_calls(model) -> list[int]:
 
 def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     """One timed run of ``arm`` in this process (called in a fresh subprocess)."""
-    from lrc.clone import CloneObjective, RecipeArgs
-    from lrc.objectives import KDObjective
-    from lrc.reach import apply_arm
-    from lrc.student import build_student, student_config
-    from lrc.train import TrainArgs, train
-
     torch.set_num_threads(args.threads)
     base_rss = _reset_peak_rss()
-    teacher = load_bench_teacher(args.teacher, args.seed)
+    teacher = load_bench_teacher(args.teacher, args.seed, args.allow_pickle)
     recipe = RecipeArgs(recipe=args.recipe)
     if arm == BASELINE:
         torch.manual_seed(args.seed)
@@ -162,7 +163,7 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
                       progress=False, ckpt_dir=work / "ckpt")
     summary = train(objective, student, data, targs, work / "out")
     on_gpu = torch.device(summary["device"]).type == "cuda"
-    records = [json.loads(line) for line in (work / "out" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
     tokens_per_step = args.batch_size * args.seq_len
     times = [tokens_per_step / r["tokens_per_s"] for r in records[args.warmup_steps:]]
     cpu_times = [r["cpu_s_per_step"] for r in records[args.warmup_steps:]]
@@ -206,8 +207,6 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def bench(args: BenchArgs) -> list[dict]:
-    from lrc.reach import ARMS
-
     for arm in args.arms:
         check_choice("arm", arm, ARMS)
     for name in ("batch_size", "seq_len", "steps", "repeats", "threads", "student_hidden"):
@@ -247,7 +246,7 @@ def bench(args: BenchArgs) -> list[dict]:
 
 
 def describe(args: BenchArgs, device: str) -> dict:
-    teacher = load_bench_teacher(args.teacher, args.seed)
+    teacher = load_bench_teacher(args.teacher, args.seed, args.allow_pickle)
     c = teacher.config
     return {"teacher_hidden": c.hidden_size, "d_ff": c.intermediate_size, "layers": c.num_hidden_layers, "vocab": c.vocab_size,
             "student_hidden": args.student_hidden, "batch_size": args.batch_size, "seq_len": args.seq_len,
@@ -274,8 +273,6 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lrc.provenance import provenance, to_jsonable
-
     args = parse_args(BenchArgs, argv, prog="lrc bench")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     context = describe(args, device)

@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "download": ("lrc.download", "download a teacher from the Hugging Face hub (pinned revision)"),
     "tokenize": ("lrc.tokenize", "tokenise a corpus or chat set into a memory-mapped token file"),
     "pretrain": ("lrc.pretrain", "pretrain a plain model from a config (the tiny-world teacher)"),
-    "svd": ("lrc.spectral", "compute the teacher's MLP singular bases once"),
+    "svd": ("lrc.svd", "compute the teacher's MLP singular bases once"),
     "warmstart": ("lrc.distill", "plain LRC warm start (slice arm, `lrc` recipe)"),
     "distill": ("lrc.distill", "distill one arm from the warm start"),
     "merge": ("lrc.merge", "materialise a trained student into a plain HF checkpoint, verified"),

@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 
 from lrc.errors import LRCError
-from lrc.hf import freeze_teacher
 from lrc.losses import kl_divergence, kl_position_mask, next_token_ce
 from lrc.names import KL_REDUCTIONS, RECIPES
 from lrc.options import check_choice
@@ -115,8 +114,8 @@ class CloneObjective:
     def __init__(self, teacher, student, recipe: RecipeArgs):
         if not isinstance(recipe, RecipeArgs):
             raise LRCError("CloneObjective needs a lrc.clone.RecipeArgs")
+        # The teacher arrives frozen: the student was built on it (lrc.hf, "Where the teacher is frozen").
         self.teacher, self.student, self.recipe = teacher, student, recipe
-        freeze_teacher(teacher)
         n_layers = teacher.config.num_hidden_layers
         layers = list(range(n_layers)) if recipe.clone_layers is None else list(recipe.clone_layers)
         bad = [i for i in layers if not 0 <= i < n_layers]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Literal, Sequence
 
 import torch
 
@@ -26,8 +26,13 @@ from lrc.atomic import atomic_dir
 from lrc.checkpoint import copy_metrics
 from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
+from lrc.hf import load_teacher, tokenizer_if_any
+from lrc.names import ARMS
 from lrc.options import check_choice, parse_args
 from lrc.provenance import write_settings
+from lrc.reach import apply_arm, arm_of
+from lrc.spectral import compute_bases, load_bases
+from lrc.student import build_student, load_lrc_state, save_lrc_state
 from lrc.tokens import check_vocab, open_token_data
 from lrc.train import (
     TrainArgs,
@@ -46,6 +51,7 @@ class _DistillCommon(RecipeArgs, TrainArgs):
     init: Literal["normal", "spectral"] = field(default="normal", metadata={"help": "factor init of a new student"})
     init_std: float = field(default=0.02, metadata={"help": "std of the normal factor init"})
     norm_eps: float | None = field(default=None, metadata={"help": "RMSNorm eps trained and deployed (default: the teacher's)"})
+    allow_pickle: bool = field(default=False, metadata={"help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
 
     def __post_init__(self) -> None:
         TrainArgs.__post_init__(self)
@@ -73,34 +79,19 @@ def _recipe(args: RecipeArgs) -> RecipeArgs:
     return RecipeArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RecipeArgs)})
 
 
-def _teacher_tokenizer(teacher_dir: Path) -> Any:
-    if (teacher_dir / "tokenizer_config.json").is_file() or (teacher_dir / "tokenizer.json").is_file():
-        from lrc.hf import load_tokenizer
-
-        return load_tokenizer(teacher_dir)
-    return None
-
-
 def _load(args: _DistillCommon):
-    from lrc.hf import load_teacher
-    from lrc.spectral import load_bases
-
     if args.threads:
         torch.set_num_threads(args.threads)
-    teacher = load_teacher(args.teacher)
-    bases = load_bases(args.bases) if args.bases is not None else None
+    teacher = load_teacher(args.teacher, allow_pickle=args.allow_pickle)
+    bases = load_bases(args.bases, teacher) if args.bases is not None else None
     if args.init == "spectral" and bases is None:
-        from lrc.spectral import compute_bases
-
         bases = compute_bases(teacher)
-    dataset = open_token_data(args.data, tokenizer=_teacher_tokenizer(args.teacher))
+    dataset = open_token_data(args.data, tokenizer=tokenizer_if_any(args.teacher))
     check_vocab(dataset, teacher)
     return teacher, bases, dataset
 
 
 def _train_and_save(command: str, args: _DistillCommon, teacher, student, dataset, **meta) -> None:
-    from lrc.student import save_lrc_state
-
     targs = train_args_from(args)
     objective = CloneObjective(teacher, student, _recipe(args))
     summary = train(objective, student, dataset, targs, args.out)
@@ -115,8 +106,6 @@ def _train_and_save(command: str, args: _DistillCommon, teacher, student, datase
 
 
 def main_warmstart(argv: Sequence[str] | None = None) -> int:
-    from lrc.student import build_student
-
     args = parse_args(WarmstartArgs, argv, prog="lrc warmstart")
     teacher, bases, dataset = _load(args)
     student = build_student(teacher, args.student_hidden, init=args.init, init_std=args.init_std, bases=bases, seed=args.seed, norm_eps=args.norm_eps)
@@ -125,9 +114,6 @@ def main_warmstart(argv: Sequence[str] | None = None) -> int:
 
 
 def main_distill(argv: Sequence[str] | None = None) -> int:
-    from lrc.reach import ARMS, apply_arm, arm_of
-    from lrc.student import build_student, load_lrc_state
-
     args = parse_args(DistillArgs, argv, prog="lrc distill")
     check_choice("--arm", args.arm, ARMS)
     if (args.warmstart is None) == (args.student_hidden is None):

@@ -17,6 +17,8 @@ from typing import Sequence
 
 from lrc.atomic import atomic_dir
 from lrc.errors import LRCError
+from lrc.options import parse_args
+from lrc.provenance import write_settings
 
 # What a teacher needs: weights (safetensors and their index), configs, tokenizer files.
 ALLOW_PATTERNS = [
@@ -92,9 +94,6 @@ def copy_teacher_files(snapshot: Path, out: Path, *, repo_id: str, revision: str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lrc.options import parse_args
-    from lrc.provenance import write_settings
-
     args = parse_args(DownloadArgs, argv, prog="lrc download")
     snapshot = fetch_snapshot(args.repo_id, args.revision, args.cache_dir)
     # The snapshot folder is named by the commit the revision resolved to.

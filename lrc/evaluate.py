@@ -24,7 +24,7 @@ import yaml
 
 from lrc.atomic import write_json_atomic
 from lrc.errors import LRCError
-from lrc.hf import has_tokenizer, load_tokenizer
+from lrc.hf import has_tokenizer, load_causal_lm, load_tokenizer
 from lrc.losses import kl_per_position, next_token_nll
 from lrc.options import parse_args
 from lrc.provenance import library_versions, provenance
@@ -195,16 +195,8 @@ def resolve_device(device: str) -> torch.device:
 
 def load_model(path: str, device: torch.device, *, role: str = "--model"):
     """A causal LM from a safetensors checkpoint, no remote code, fp32 on CPU."""
-    from transformers import AutoModelForCausalLM
-
-    if not Path(path).is_dir():
-        raise LRCError(f"{role} {path} is not a checkpoint directory")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, use_safetensors=True, dtype=dtype)
-    except (OSError, ValueError) as err:
-        raise LRCError(f"cannot load {role} {path}: {err}") from err
-    return model.to(device).eval()
+    return load_causal_lm(path, dtype=dtype, role=role).to(device).eval()
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ removing parametrisations one by one rewrites a shared tied factor). Tied stays 
 the one in the saved config.
 
 :func:`save_merged` writes the checkpoint (safetensors) to a temporary directory, reloads
-it with plain ``AutoModelForCausalLM.from_pretrained`` (no custom code), compares its
+it with :func:`lrc.hf.load_causal_lm` (plain ``from_pretrained``, no custom code), compares its
 logits with the training student's on a check batch, and only renames it into place
 when the max abs difference is within ``atol``; ``merge_check.json`` records the result.
 """
@@ -20,9 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers.initialization import no_init_weights
 
 from lrc.atomic import atomic_dir, write_json_atomic
 from lrc.errors import LRCError
+from lrc.hf import load_causal_lm, load_teacher, save_causal_lm, tokenizer_if_any
+from lrc.options import parse_args
+from lrc.provenance import write_settings
+from lrc.spectral import load_bases
+from lrc.student import load_lrc_state
+from lrc.tokens import TokenDataset
 
 MERGE_CHECK = "merge_check.json"
 
@@ -43,8 +50,6 @@ def plain_config(student):
 @torch.no_grad()
 def merge_student(student):
     """A new plain model (same class, student config) with the materialised weights."""
-    from transformers.initialization import no_init_weights
-
     cfg = plain_config(student)
     with no_init_weights():  # every weight is loaded below
         merged = type(student)(cfg)
@@ -80,18 +85,14 @@ def save_merged(student, out_dir, *, tokenizer=None, check_ids=None, atol: float
 
 def _save_and_check(student, merged, tmp: Path, tokenizer, check_ids, atol: float) -> dict:
     """Save into ``tmp``, reload, compare logits, record merge_check.json; raise on a failed check."""
-    from transformers import AutoModelForCausalLM
-
-    merged.save_pretrained(tmp)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
+    save_causal_lm(merged, tmp, tokenizer)
     was_training = student.training
     student.eval()
     try:
         reference = _logits(student, check_ids)
     finally:
         student.train(was_training)
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=merged.dtype, trust_remote_code=False)
+    reloaded = load_causal_lm(tmp, dtype=merged.dtype, role="merged model")
     reloaded.to(next(student.parameters()).device)  # same device as the reference logits
     diff = (_logits(reloaded, check_ids) - reference).abs().max().item()
     check = {
@@ -125,11 +126,10 @@ class MergeArgs:
     check_rows: int = field(default=2, metadata={"help": "rows of --data in the check batch"})
     check_len: int = field(default=128, metadata={"help": "tokens per row of the check batch (logits are rows x len x vocab)"})
     atol: float = field(default=1e-5, metadata={"help": "max abs logit difference allowed"})
+    allow_pickle: bool = field(default=False, metadata={"help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
 
 
 def check_batch_from_tokens(directory: Path, rows: int, length: int) -> torch.Tensor:
-    from lrc.tokens import TokenDataset
-
     ds = TokenDataset(directory)
     if len(ds) == 0:
         raise LRCError(f"token directory {directory} has no rows")
@@ -137,14 +137,9 @@ def check_batch_from_tokens(directory: Path, rows: int, length: int) -> torch.Te
 
 
 def main(argv=None) -> int:
-    from lrc.options import parse_args
-    from lrc.provenance import write_settings
-    from lrc.spectral import load_bases
-    from lrc.student import load_lrc_state, load_teacher
-
     args = parse_args(MergeArgs, argv, prog="lrc merge")
-    teacher = load_teacher(args.teacher)
-    bases = load_bases(args.bases) if args.bases is not None else None
+    teacher = load_teacher(args.teacher, allow_pickle=args.allow_pickle)
+    bases = load_bases(args.bases, teacher) if args.bases is not None else None
     student = load_lrc_state(args.state, teacher, bases)
     if args.check_rows < 1 or args.check_len < 2:
         raise LRCError(f"--check-rows {args.check_rows} / --check-len {args.check_len}: need at least 1 row of 2 tokens")
@@ -154,12 +149,7 @@ def main(argv=None) -> int:
         check_ids = default_check_ids(student.config.vocab_size, args.check_rows, args.check_len)
     if int(check_ids.max()) >= student.config.vocab_size:
         raise LRCError(f"--data {args.data}: token id {int(check_ids.max())} outside the vocabulary ({student.config.vocab_size})")
-    tokenizer = None
-    if (args.teacher / "tokenizer_config.json").is_file() or (args.teacher / "tokenizer.json").is_file():
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.teacher)
-    check = save_merged(student, args.out, tokenizer=tokenizer, check_ids=check_ids, atol=args.atol)
+    check = save_merged(student, args.out, tokenizer=tokenizer_if_any(args.teacher), check_ids=check_ids, atol=args.atol)
     write_settings(args.out, "merge", args, merge_check=check)
     print(f"merged {check['arm']} student to {args.out}: max |logit diff| = {check['max_abs_diff']:.3g}")
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from lrc.errors import LRCError
+from lrc.hf import freeze_teacher
 from lrc.losses import kl_divergence, kl_position_mask, next_token_ce
 from lrc.names import KL_REDUCTIONS
 
@@ -46,7 +47,7 @@ class KDObjective:
             raise LRCError(f"unknown kl_reduction {kl_reduction!r}; choose one of: {', '.join(KL_REDUCTIONS)}")
         if temperature <= 0:
             raise LRCError(f"temperature must be > 0, got {temperature}")
-        self.teacher = teacher.eval().requires_grad_(False)
+        self.teacher = freeze_teacher(teacher)  # no LRC student here to have frozen it (lrc.hf)
         self.student = student
         self.temperature, self.kl_reduction = temperature, kl_reduction
 

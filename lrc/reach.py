@@ -44,8 +44,13 @@ from torch.nn.utils import parametrize
 from lrc.errors import LRCError
 from lrc.names import ARMS, MLP_KINDS
 from lrc.options import check_choice
+from lrc.spectral import compute_bases
 
 DOWN_FACTOR_BUFFER = "lrc_down_factor"
+# The arms whose MLP matrices train everywhere (the others stay in the teacher's slice),
+# and those built on the teacher bases.
+FULL_REACH_ARMS = ("dense", "core", "randcomp")
+BASIS_ARMS = ("core", "confined", "randcomp")
 
 
 class TeacherTimesFactor(nn.Module):
@@ -173,10 +178,8 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0) -> None:
         raise LRCError(f"apply_arm needs a slice student, this one is already arm {current!r}")
     if arm == "slice":
         return
-    if arm in ("core", "confined", "randcomp"):
+    if arm in BASIS_ARMS:
         if bases is None:
-            from lrc.spectral import compute_bases
-
             bases = compute_bases(teacher)
         bases.check_matches(teacher)
     for i, layer in enumerate(student.model.layers):

@@ -25,6 +25,9 @@ import torch
 
 from lrc.atomic import write_json_atomic
 from lrc.errors import LRCError
+from lrc.hf import load_causal_lm, load_teacher
+from lrc.options import parse_args
+from lrc.provenance import write_settings
 from lrc.student import build_student, check_teacher, save_lrc_state
 
 RECOVER_REPORT = "recover.json"
@@ -105,20 +108,13 @@ class RecoverArgs:
     out: Path = field(metadata={"help": "output LRC state directory (arm slice)"})
     threshold: float = field(default=1e-3, metadata={"help": "relative residual above which the student is reported as not an LRC student"})
     strict: bool = field(default=False, metadata={"help": "fail instead of warning when a residual exceeds the threshold"})
+    allow_pickle: bool = field(default=False, metadata={"help": "accept teacher/merged weights stored as pickles (pytorch_model.bin; can run code when loaded)"})
 
 
 def main(argv=None) -> int:
-    from transformers import AutoModelForCausalLM
-
-    from lrc.hf import load_teacher
-    from lrc.options import parse_args
-    from lrc.provenance import write_settings
-
     args = parse_args(RecoverArgs, argv, prog="lrc recover")
-    teacher = load_teacher(args.teacher)
-    if not (args.merged / "config.json").is_file():
-        raise LRCError(f"--merged {args.merged} has no config.json")
-    merged = AutoModelForCausalLM.from_pretrained(args.merged, dtype=torch.float32, trust_remote_code=False).eval()
+    teacher = load_teacher(args.teacher, allow_pickle=args.allow_pickle)
+    merged = load_causal_lm(args.merged, dtype=torch.float32, role="--merged", allow_pickle=args.allow_pickle)
     student, residuals = recover_student(teacher, merged)
     report = summarize(residuals, args.threshold)
     if not report["is_lrc_student"]:

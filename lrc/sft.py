@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from lrc.errors import LRCError
+from lrc.hf import load_causal_lm
 from lrc.objectives import LMObjective
 from lrc.options import parse_args
 from lrc.pretrain import save_hf_output
@@ -45,11 +46,7 @@ class SftArgs(TrainArgs):
 
 
 def load_hf_model(path: Path, option: str = "--model"):
-    from transformers import AutoModelForCausalLM
-
-    if not (Path(path) / "config.json").is_file():
-        raise LRCError(f"{option} {path}: not a Hugging Face checkpoint (config.json missing)")
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, trust_remote_code=False)
+    return load_causal_lm(path, dtype=torch.float32, role=option)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Teacher spectral bases (the `teacher SVD` stage, `lrc svd`).
+"""Teacher spectral bases: the math of the `teacher SVD` stage (the command is :mod:`lrc.svd`).
 
 For every layer's gate/up/down projection we store the teacher weight's singular basis
 on the side the reachability gap lives on, always as a *column-oriented* matrix
@@ -30,11 +30,22 @@ Measured cost here (one CPU thread): the float64 SVD of one 8192 × 3072 matrix
 (Llama-3.2-3B gate) takes 55 s, so `lrc svd` on that teacher is ~77 CPU-minutes (84
 matrices; give the rule many threads, or use ``lrc svd --device cuda``); its Householder QR 7 s; one fp32 ``ormqr`` product
 with a ``[8192, 1536]`` coordinate block 3.8 s, about twice the matching plain matmul.
+
+Teacher fingerprint: the bases record :func:`teacher_fingerprint`, a SHA-256 of the
+weights they are computed from (the embedding and every gate/up/down, as float32 bytes,
+with names and shapes; so a bf16 and an fp32 load of one checkpoint agree), and
+:func:`load_bases` given the teacher in use refuses bases whose fingerprint differs, naming
+the bases file and the teacher they were made from: bases of another teacher with the same
+shapes would otherwise be accepted, and `confined` would no longer start from the warm
+start. Cost: one pass over those weights at ~1.2 GB/s (measured here), ~8 s at
+Llama-3.2-3B scale (10 GB in float32), against ~77 CPU-minutes for the SVDs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +54,7 @@ from safetensors.torch import load_file, save_file
 
 from lrc.atomic import atomic_file, write_json_atomic
 from lrc.errors import LRCError
+from lrc.hf import check_safetensors
 from lrc.names import MLP_KINDS
 
 BASES_FILE = "bases.safetensors"
@@ -58,6 +70,7 @@ class TeacherBases:
     embed_V: torch.Tensor  # [H, H], right singular vectors of the embedding
     embed_S: torch.Tensor  # [H]
     meta: dict = field(default_factory=dict)
+    source: str = "teacher bases"  # how errors name them: the bases file, once loaded
     _reflectors: dict = field(default_factory=dict, repr=False)
 
     def basis(self, layer: int, kind: str) -> torch.Tensor:
@@ -84,7 +97,20 @@ class TeacherBases:
                 u = self.U.get(f"{i}.{kind}")
                 if u is None or tuple(u.shape) != want:
                     got = None if u is None else tuple(u.shape)
-                    raise LRCError(f"teacher bases do not match the teacher: layer {i} {kind}_proj basis shape {got}, expected {want}")
+                    raise LRCError(f"{self.source} do not match the teacher: layer {i} {kind}_proj basis shape {got}, expected {want}")
+
+    def check_fingerprint(self, teacher) -> None:
+        """Raise when these bases were computed from another teacher (see module doc)."""
+        recorded = self.meta.get("teacher_fingerprint")
+        if recorded is None:
+            print(f"warning: {self.source} record no teacher fingerprint (written before fingerprints were recorded): "
+                  "cannot check that they belong to this teacher; rerun `lrc svd` to record one", file=sys.stderr)
+            return
+        actual = teacher_fingerprint(teacher)
+        if actual != recorded:
+            made_from = self.meta.get("teacher", "a teacher directory not recorded")
+            raise LRCError(f"{self.source} were computed from another teacher ({made_from}, weights fingerprint {recorded}) "
+                           f"than the teacher in use (fingerprint {actual}); rerun `lrc svd` on this teacher")
 
 
 def _fix_signs(vectors: torch.Tensor) -> torch.Tensor:
@@ -115,6 +141,23 @@ def embedding_right_basis(teacher, device="cpu") -> tuple[torch.Tensor, torch.Te
     return _fix_signs(evecs[:, order]).cpu(), evals[order].clamp_min(0).sqrt().cpu()
 
 
+def _fingerprinted_weights(teacher):
+    yield "embed_tokens", teacher.model.embed_tokens.weight
+    for i, layer in enumerate(teacher.model.layers):
+        for kind in MLP_KINDS:
+            yield f"{i}.{kind}", getattr(layer.mlp, f"{kind}_proj").weight
+
+
+def teacher_fingerprint(teacher) -> str:
+    """SHA-256 of the weights the bases are computed from (float32 bytes, names, shapes)."""
+    h = hashlib.sha256()
+    for name, w in _fingerprinted_weights(teacher):
+        t = w.detach().to("cpu", torch.float32).contiguous()
+        h.update(f"{name}:{list(t.shape)};".encode())
+        h.update(t.numpy())
+    return "sha256:" + h.hexdigest()
+
+
 def compute_bases(teacher, device="cpu") -> TeacherBases:
     """All MLP bases of ``teacher``; float64 on ``device`` (CPU by default: LAPACK)."""
     U, S = {}, {}
@@ -128,6 +171,7 @@ def compute_bases(teacher, device="cpu") -> TeacherBases:
         "hidden_size": teacher.config.hidden_size,
         "intermediate_size": teacher.config.intermediate_size,
         "num_hidden_layers": teacher.config.num_hidden_layers,
+        "teacher_fingerprint": teacher_fingerprint(teacher),
         "precision": f"svd in float64 on {torch.device(device).type}, stored float32",
         "sign_convention": "largest-magnitude entry of each singular vector positive",
         "orientation": "column-oriented [d_ff, H]: gate/up left singular vectors, down right singular vectors",
@@ -148,41 +192,34 @@ def save_bases(bases: TeacherBases, out_dir: str | Path) -> Path:
     return out
 
 
-def load_bases(directory: str | Path) -> TeacherBases:
+def _read_bases_meta(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise LRCError(f"teacher bases metadata {path} is not valid JSON: {err}") from err
+    if not isinstance(meta, dict):
+        raise LRCError(f"teacher bases metadata {path} is not a JSON object")
+    return meta
+
+
+def load_bases(directory: str | Path, teacher=None) -> TeacherBases:
+    """The bases saved in ``directory``; checked against ``teacher`` (shapes and
+    fingerprint) when it is given. Truncated or corrupt files are LRCErrors naming them."""
     d = Path(directory)
     path = d / BASES_FILE
     if not path.is_file():
         raise LRCError(f"no teacher bases in {d} (missing {BASES_FILE}; run `lrc svd`)")
-    tensors = load_file(str(path))
-    meta = json.loads((d / BASES_META).read_text()) if (d / BASES_META).is_file() else {}
+    tensors = load_file(str(check_safetensors(path, "teacher bases")))
+    meta = _read_bases_meta(d / BASES_META)
     U = {k[len("layers."):-len(".U")]: v for k, v in tensors.items() if k.startswith("layers.") and k.endswith(".U")}
     S = {k[len("layers."):-len(".S")]: v for k, v in tensors.items() if k.startswith("layers.") and k.endswith(".S")}
-    return TeacherBases(U=U, S=S, embed_V=tensors["embed.V"], embed_S=tensors["embed.S"], meta=meta)
-
-
-# ---------------------------------------------------------------- command line
-
-
-@dataclass(kw_only=True)
-class SvdArgs:
-    """Compute the teacher's MLP singular bases once (float64 SVD, stored float32)."""
-
-    teacher: Path = field(metadata={"help": "teacher checkpoint directory (HF format)"})
-    out: Path = field(metadata={"help": "output directory for the bases"})
-    device: str = field(default="cpu", metadata={"help": "where the float64 SVDs run: cpu (LAPACK, the reference) or cuda (much faster at paper scale)"})
-
-
-def main(argv=None) -> int:
-    from lrc.hf import load_teacher
-    from lrc.options import parse_args
-    from lrc.provenance import write_settings
-
-    args = parse_args(SvdArgs, argv, prog="lrc svd")
-    if args.device != "cpu" and not (args.device.startswith("cuda") and torch.cuda.is_available()):
-        raise LRCError(f"--device {args.device!r}: use cpu, or cuda on a machine with a GPU")
-    teacher = load_teacher(args.teacher)
-    bases = compute_bases(teacher, args.device)
-    save_bases(bases, args.out)
-    write_settings(args.out, "svd", args, bases=bases.meta)
-    print(f"wrote teacher bases for {len(bases.U)} MLP matrices to {args.out}")
-    return 0
+    missing = [k for k in ("embed.V", "embed.S") if k not in tensors]
+    if missing or not U:
+        raise LRCError(f"teacher bases file {path} lacks {missing or 'the layer bases'}: not written by `lrc svd`")
+    bases = TeacherBases(U=U, S=S, embed_V=tensors["embed.V"], embed_S=tensors["embed.S"], meta=meta, source=f"teacher bases {path}")
+    if teacher is not None:
+        bases.check_matches(teacher)
+        bases.check_fingerprint(teacher)
+    return bases

@@ -45,11 +45,11 @@ from transformers.initialization import no_init_weights
 
 from lrc.atomic import atomic_file, write_text_atomic
 from lrc.errors import LRCError
-from lrc.hf import (  # noqa: F401  (re-exported)
+from lrc.hf import (
     SUPPORTED_MODEL_TYPES,
+    check_safetensors,
     freeze_teacher,
-    load_teacher,
-    trainable_parameters,
+    trainable_parameters,  # noqa: F401  (re-exported: the tests' import)
 )
 from lrc.options import check_choice
 from lrc.reach import (
@@ -59,6 +59,7 @@ from lrc.reach import (
     TeacherTimesFactorT,
     apply_arm,
 )
+from lrc.spectral import embedding_right_basis
 
 INITS = ("normal", "spectral")
 STATE_FILE = "student.safetensors"
@@ -116,8 +117,6 @@ def spectral_projection(teacher, r: int, bases=None) -> torch.Tensor:
             raise LRCError(f"spectral init: embedding basis has shape {tuple(bases.embed_V.shape)}, teacher hidden size is {H}")
         v = bases.embed_V
     else:
-        from lrc.spectral import embedding_right_basis
-
         v = embedding_right_basis(teacher)[0]
     return v[:, :r].to(FACTOR_DTYPE).contiguous()
 
@@ -147,7 +146,10 @@ class _FactorInit:
 
 
 def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: float = 0.02, bases=None, seed: int = 0, norm_eps: float | None = None):
-    """The plain-LRC (`slice`) student of width ``hidden_size`` for ``teacher``."""
+    """The plain-LRC (`slice`) student of width ``hidden_size`` for ``teacher``.
+
+    Freezes ``teacher``: its weights are the student's frozen buffers (shared storage), and
+    this is where an LRC run's teacher is frozen, once (:mod:`lrc.hf`)."""
     check_teacher(teacher)
     check_choice("init", init, INITS)
     freeze_teacher(teacher)
@@ -220,7 +222,16 @@ def read_lrc_meta(state_dir: str | Path) -> dict:
     path = Path(state_dir) / STATE_META
     if not path.is_file():
         raise LRCError(f"{state_dir} is not an LRC state directory (missing {STATE_META})")
-    return json.loads(path.read_text())
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise LRCError(f"LRC state metadata {path} is not valid JSON: {err}") from err
+    if not isinstance(info, dict):
+        raise LRCError(f"LRC state metadata {path} is not a JSON object")
+    missing = [k for k in ("arm", "student_hidden", "norm_eps") if k not in info]
+    if missing:
+        raise LRCError(f"LRC state metadata {path} lacks {', '.join(missing)}")
+    return info
 
 
 def load_lrc_state(state_dir: str | Path, teacher, bases=None):
@@ -237,6 +248,7 @@ def load_lrc_state(state_dir: str | Path, teacher, bases=None):
     path = Path(state_dir) / STATE_FILE  # checked before the (costly) rebuild
     if not path.is_file():
         raise LRCError(f"{state_dir} has no {STATE_FILE}")
+    check_safetensors(path, "LRC student state")
     student = build_student(teacher, info["student_hidden"], init="normal", seed=info.get("seed", 0), norm_eps=info["norm_eps"])
     apply_arm(student, teacher, arm, bases=bases, seed=info.get("arm_seed", 0))
     for key in ("init", "init_std", "seed"):

@@ -7,7 +7,8 @@ import torch
 
 from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
-from lrc.reach import ARMS, apply_arm
+from lrc.names import ARMS
+from lrc.reach import apply_arm
 from lrc.spectral import compute_bases, mlp_teacher_matrix
 from lrc.student import build_student, trainable_parameters
 from tests.helpers import make_teacher

@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 from lrc.cli import main as lrc_main
 from lrc.errors import LRCError
 from lrc.merge import merge_student, save_merged
-from lrc.reach import ARMS, apply_arm
+from lrc.names import ARMS
+from lrc.reach import apply_arm
 from lrc.spectral import compute_bases
 from lrc.student import build_student, save_lrc_state, trainable_parameters
 from tests.helpers import make_teacher

@@ -110,3 +110,19 @@ def test_svd_command_refuses_an_unknown_device(tmp_path, capsys):
 
     assert lrc_main(["svd", "--teacher", str(tmp_path), "--out", str(tmp_path / "b"), "--device", "tpu"]) == 2
     assert "'tpu'" in capsys.readouterr().err
+
+
+def test_svd_command_lives_in_lrc_svd_and_the_method_imports_no_command_module():
+    """`lrc svd` is lrc.svd; importing the method (spectral, reach, student, clone,
+    objectives) in a fresh interpreter loads no command module, no cli, no loop."""
+    import subprocess
+    import sys
+
+    from lrc.cli import COMMANDS
+
+    assert COMMANDS["svd"][0] == "lrc.svd"
+    code = ("import sys; import lrc.spectral, lrc.reach, lrc.student, lrc.clone, lrc.objectives; "
+            "bad = sorted(m for m in sys.modules if m in ('lrc.cli', 'lrc.svd', 'lrc.train', 'lrc.distill', 'lrc.merge', "
+            "'lrc.audit', 'lrc.recover', 'lrc.bench', 'lrc.sft', 'lrc.pretrain', 'lrc.evaluate', 'lrc.tokenize')); print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", out

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from lrc.errors import LRCError
-from lrc.reach import ARMS, apply_arm
+from lrc.names import ARMS
+from lrc.reach import apply_arm
 from lrc.spectral import compute_bases
 from lrc.student import (
     build_student,
