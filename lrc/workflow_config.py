@@ -30,7 +30,7 @@ import json
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from lrc.errors import LRCError
 from lrc.names import run_name
@@ -41,8 +41,8 @@ from lrc.options import args_class, build_args, convert_value
 RULE_SECTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
     "world": (("world",),),
     "download": (("teacher", "hub"),),
-    "pretrain": (("teacher", "pretrain"),),
     "tokenize": (("data", "{kind}"),),
+    "pretrain": (("teacher", "pretrain"),),
     "svd": (("svd",),),
     "warmstart": (("warmstart",), ("loss", "{recipe}")),
     "distill": (("distill", "train"), ("loss", "{recipe}")),
@@ -89,6 +89,34 @@ def flag_sections(settings: dict, rule: str, **wildcards: str) -> list[tuple[str
             node = (node or {}).get(key) or {}
         out.append((".".join(keys), node))
     return out
+
+
+def tokenize_options(world: bool, kind: str, world_dir: Any, teacher_dir: Any) -> dict[str, Any]:
+    """The options the tokenize rule builds itself: the tiny world's text files and tokenizer,
+    or a hub teacher's tokenizer (the config names the dataset as `source`). The chat set is
+    always tokenised as chat (loss on answers)."""
+    chat = {"chat": True} if kind == "sft" else {}
+    if world:
+        text = f"{world_dir}/{kind}"
+        return {"tokenizer": f"{world_dir}/tokenizer", "source": f"{text}/train.jsonl", "valid_source": f"{text}/valid.jsonl", **chat}
+    return {"tokenizer": str(teacher_dir), **chat}
+
+
+def evaluate_options(world: bool, world_dir: Any) -> dict[str, Any]:
+    """The options the evaluate rule builds itself: the tiny world's tasks."""
+    return {"tasks_dir": f"{world_dir}/tasks"} if world else {}
+
+
+def built_options(settings: dict, exp: str, rule: str, wildcards: dict[str, str]) -> dict[str, Any]:
+    """The options ``rule`` builds in a params function (beside its shell command's), with the
+    rule's input paths."""
+    world = settings["teacher"]["source"] == "world"
+    world_dir, teacher_dir = f"results/{exp}/world", f"results/{exp}/teacher"
+    if rule == "tokenize":
+        return tokenize_options(world, wildcards["kind"], world_dir, teacher_dir)
+    if rule == "evaluate":
+        return evaluate_options(world, world_dir)
+    return {}
 
 
 def rule_flags(settings: dict, rule: str, **wildcards: str) -> str:
@@ -211,13 +239,11 @@ def _resolve(setting: str, values: dict[str, Any]) -> Any:
 def config_problems(
     config: dict,
     shells: dict[str, str],
-    dynamic: Callable[[str, str, dict[str, str]], dict[str, Any]] | None = None,
     workdir: Path | str = ".",
 ) -> list[str]:
-    """Every problem of a (schema-valid) workflow config, each naming its key.
-
-    ``shells``: rule name -> its shell command (as written in the rule); ``dynamic(rule, exp,
-    wildcards)``: the options a rule builds in a params function, beside its shell command's."""
+    """Every problem of a (schema-valid) workflow config, each naming its key: first the keys
+    a rule sets itself, then the rest. ``shells``: rule name -> its shell command as written."""
+    set_by_rule: list[str] = []
     problems: list[str] = []
     classes: dict[str, type] = {}
     for exp, settings in config["experiments"].items():
@@ -226,13 +252,12 @@ def config_problems(
             if job.rule not in shells:
                 continue
             command, sets = rule_options(shells[job.rule])
-            if dynamic is not None:
-                sets = {**sets, **{k: _shown(v) for k, v in dynamic(job.rule, exp, job.wildcards).items()}}
+            sets |= {k: _shown(v) for k, v in built_options(settings, exp, job.rule, job.wildcards).items()}
             if command not in classes:
                 classes[command] = command_args_class(command)
             sets = _name_positionals(classes[command], sets)
             sections = [(f"experiments.{exp}.{where}", flags) for where, flags in flag_sections(settings, job.rule, **job.wildcards)]
-            problems += [p for p in _rule_set_keys(job.rule, sets, sections) if p not in problems]
+            set_by_rule += [p for p in _rule_set_keys(job.rule, sets, sections) if p not in set_by_rule]
             key = (job.rule, tuple(sorted(job.wildcards.items())))
             if key in seen:
                 continue
@@ -243,7 +268,7 @@ def config_problems(
                 problems.append(problem)
         problems += _width_problems(exp, settings, classes, workdir)
         problems += _accelerate_problems(exp, settings, workdir)
-    return problems
+    return set_by_rule + problems
 
 
 def _shown(value: Any) -> str:
@@ -328,8 +353,9 @@ def teacher_hidden_size(exp: str, settings: dict, workdir: Path | str = ".", wor
     """The teacher's hidden size and where it was read, when knowable before any job runs."""
     if settings["teacher"]["source"] == "world":
         world_class = world_class or command_args_class("world")
-        args = world_class(out=Path("world"), **_converted(world_class, settings.get("world") or {}))
-        return int(args.teacher_sizes()["hidden_size"]), "the tiny world's teacher sizes (world section)"
+        flags = _converted(world_class, settings.get("world") or {})
+        args = world_class(**(flags | {"out": Path("world")}))
+        return int(args.teacher_sizes()["hidden_size"]), "the teacher sizes of the world section"
     for path in (Path(workdir) / "results" / exp / "teacher" / "config.json", Path(workdir) / "config" / "teachers" / f"{exp}.json"):
         if path.is_file():
             try:

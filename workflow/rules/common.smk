@@ -5,7 +5,6 @@
 import re
 import shlex
 from pathlib import Path
-from types import SimpleNamespace
 
 import jsonschema
 import yaml
@@ -43,7 +42,7 @@ def check_flag_sections():
     the flag sections, a student as wide as its teacher and a missing accelerate file."""
     shells = {r.name: r.shellcmd for r in workflow.rules if r.shellcmd and "lrc" in r.shellcmd}
     try:
-        problems = wc.config_problems(config, shells, rule_built_options)
+        problems = wc.config_problems(config, shells)
     except LRCError as err:
         problems = [str(err)]
     if problems:
@@ -97,36 +96,14 @@ def resource(stage, key):
     return lambda wildcards: wc.resource(settings(wildcards.exp), stage, key)
 
 
-# Options a rule builds in a params function (the config check refuses them in the config).
-def tokenize_options(exp, kind, input):
-    """The tiny world's text files and tokenizer; a hub teacher's tokenizer (the config names
-    the dataset as `source`). The chat set is always tokenised as chat (loss on answers)."""
-    chat = {"chat": True} if kind == "sft" else {}
-    if is_world(exp):
-        text = f"{input.world}/{kind}"
-        return {"tokenizer": f"{input.world}/tokenizer", "source": f"{text}/train.jsonl", "valid_source": f"{text}/valid.jsonl", **chat}
-    return {"tokenizer": input.teacher, **chat}
-
-
-def evaluate_options(exp, input):
-    return {"tasks_dir": f"{input.world}/tasks"} if is_world(exp) else {}
-
-
-def rule_built_options(rule_name, exp, wildcards):
-    placeholders = SimpleNamespace(world=f"results/{exp}/world", teacher=f"results/{exp}/teacher")
-    if rule_name == "tokenize":
-        return tokenize_options(exp, wildcards["kind"], placeholders)
-    if rule_name == "evaluate":
-        return evaluate_options(exp, placeholders)
-    return {}
-
-
+# Options a rule builds in a params function (lrc.workflow_config refuses them in the config).
 def tokenize_paths(wildcards, input):
-    return wc.cli_flags(tokenize_options(wildcards.exp, wildcards.kind, input), sort=False)
+    options = wc.tokenize_options(is_world(wildcards.exp), wildcards.kind, input.get("world"), input.get("teacher"))
+    return wc.cli_flags(options, sort=False)
 
 
 def eval_tasks(wildcards, input):
-    return wc.cli_flags(evaluate_options(wildcards.exp, input), sort=False)
+    return wc.cli_flags(wc.evaluate_options(is_world(wildcards.exp), input.get("world")), sort=False)
 
 
 # ---------------------------------------------------------------- what a config asks for
