@@ -240,9 +240,11 @@ def config_problems(
     config: dict,
     shells: dict[str, str],
     workdir: Path | str = ".",
+    repo: Path | str | None = None,
 ) -> list[str]:
     """Every problem of a (schema-valid) workflow config, each naming its key: first the keys
-    a rule sets itself, then the rest. ``shells``: rule name -> its shell command as written."""
+    a rule sets itself, then the rest. ``shells``: rule name -> its shell command as written;
+    relative paths resolve against ``workdir`` (where the jobs run), then ``repo``."""
     set_by_rule: list[str] = []
     problems: list[str] = []
     classes: dict[str, type] = {}
@@ -267,7 +269,7 @@ def config_problems(
             if problem and problem not in problems:
                 problems.append(problem)
         problems += _width_problems(exp, settings, classes, workdir)
-        problems += _accelerate_problems(exp, settings, workdir)
+        problems += _accelerate_problems(exp, settings, [workdir] + ([repo] if repo is not None else []))
     return set_by_rule + problems
 
 
@@ -385,15 +387,13 @@ def _width_problems(exp: str, settings: dict, classes: dict[str, type], workdir:
 # ------------------------------------------------------------------ resources
 
 
-def _accelerate_problems(exp: str, settings: dict, workdir: Path | str) -> list[str]:
-    """An accelerate config that is given, or used (gpu > 0), must be an existing file: the
-    value becomes an argument of `accelerate launch`."""
+def _accelerate_problems(exp: str, settings: dict, roots: list[Path | str]) -> list[str]:
+    """The accelerate config of every stage listed under resources must be an existing file
+    (the value becomes an argument of `accelerate launch`); relative to the working directory
+    or the checkout, as `lrc_launch` resolves it."""
     problems = []
-    for stage, res in (settings.get("resources") or {}).items():
-        if "accelerate" not in res and not res.get("gpu", 0):
-            continue
+    for stage in settings.get("resources") or {}:
         value = resource(settings, stage, "accelerate")
-        path = Path(workdir) / value
-        if not path.is_file():
+        if not any((Path(root) / value).is_file() for root in roots):
             problems.append(f"experiments.{exp}.resources.{stage}.accelerate: {value!r} is not an existing file (an accelerate config, e.g. config/accelerate/ddp.yaml)")
     return problems

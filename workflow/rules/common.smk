@@ -42,7 +42,7 @@ def check_flag_sections():
     the flag sections, a student as wide as its teacher and a missing accelerate file."""
     shells = {r.name: r.shellcmd for r in workflow.rules if r.shellcmd and "lrc" in r.shellcmd}
     try:
-        problems = wc.config_problems(config, shells)
+        problems = wc.config_problems(config, shells, workdir=Path.cwd(), repo=REPO)
     except LRCError as err:
         problems = [str(err)]
     if problems:

@@ -6,10 +6,14 @@ export PYTHONPATH="$LRC_REPO${PYTHONPATH:+:$PYTHONPATH}"
 lrc() { python -m lrc.cli "$@"; }
 
 # lrc_launch N ACCELERATE_CONFIG COMMAND ARGS...: one process, or `accelerate launch` with that
-# config (config/accelerate/: ddp.yaml, fsdp.yaml) across the job's N GPUs.
+# config (config/accelerate/: ddp.yaml, fsdp.yaml) across the job's N GPUs. A relative config
+# path not found in the working directory is looked up in the checkout.
 lrc_launch() {
     local n=$1 accelerate_config=$2
     shift 2
+    if [ ! -e "$accelerate_config" ] && [ -e "$LRC_REPO/$accelerate_config" ]; then
+        accelerate_config="$LRC_REPO/$accelerate_config"
+    fi
     if [ "$n" -gt 0 ]; then
         accelerate launch --config_file "$accelerate_config" --num_processes "$n" -m lrc.cli "$@"
     else
