@@ -262,13 +262,23 @@ def test_end_to_end_chain_on_the_test_world(tmp_path):
     assert report.returncode == 0, report.stderr
     assert (repo / "report.html").stat().st_size > 10_000
 
+    # A value the config check can tell is wrong is refused before any job: the output stays.
+    core = f"results/{exp}/distill/lrc-core-s0-t20000"
     changed["experiments"][exp]["distill"]["train"]["lr"] = "not-a-number"
     (repo / "broken.yaml").write_text(yaml.safe_dump(changed))
+    refused = snakemake("--cores", "1", core, "--configfile", "broken.yaml", cwd=repo)
+    assert refused.returncode != 0
+    assert f"invalid config at experiments.{exp}.distill.train.lr: expected a number, got 'not-a-number'" in refused.stdout + refused.stderr
+    assert (repo / core / "settings.json").exists()  # not deleted: no job ran
+
+    # One only the job can find (the batch does not split into micro-batches): the job fails.
+    changed["experiments"][exp]["distill"]["train"]["lr"] = 0.003
+    changed["experiments"][exp]["distill"]["train"]["micro_batch_size"] = 5
+    (repo / "broken.yaml").write_text(yaml.safe_dump(changed))
     # Target the one job, so which job fails first does not depend on scheduling order.
-    core = f"results/{exp}/distill/lrc-core-s0-t20000"
     failed = snakemake("--cores", "1", core, "--configfile", "broken.yaml", cwd=repo)
     assert failed.returncode != 0
-    assert "--lr" in (repo / f"logs/{exp}/distill/lrc-core-s0-t20000.log").read_text()  # the log names the option
+    assert "--micro-batch-size" in (repo / f"logs/{exp}/distill/lrc-core-s0-t20000.log").read_text()  # the log names the option
     assert not (repo / core).exists()  # no partial output
     for stage in ["teacher", "svd", "warmstart/lrc"]:  # earlier results are kept
         assert (results / exp / stage / "settings.json").exists(), stage
