@@ -29,8 +29,10 @@ import itertools
 import json
 import re
 import shlex
+import typing
 from pathlib import Path
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from lrc.errors import LRCError
 from lrc.names import run_name
@@ -176,7 +178,7 @@ def rule_options(shell: str) -> tuple[str, dict[str, str]]:
 
 @dataclasses.dataclass
 class Job:
-    """One job kind of one experiment: its rule, wildcards and context values."""
+    """One job kind of one experiment: its rule and the wildcards that bear on its flags."""
 
     rule: str
     wildcards: dict[str, str]
@@ -343,8 +345,6 @@ def _build_problem(cls: type, command: str, sets: dict[str, Any], sections: list
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    import typing
-
     return typing.get_type_hints(cls)
 
 

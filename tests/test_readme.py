@@ -13,7 +13,7 @@ DOCUMENTED = [ROOT / "README.md", *sorted((ROOT / "config").rglob("*.yaml")), *s
 def snakemake_commands(text: str) -> list[str]:
     """Every `snakemake ...` command: in backticks, in code blocks and in comments."""
     found = re.findall(r"`(snakemake [^`]*)`", text)
-    found += [m.strip() for m in re.findall(r"^[#\s]*(snakemake [^`#\n]*)", text, flags=re.M)]
+    found += [m.strip() for m in re.findall(r"^[#\s]*(snakemake [^`#\n]*)", text, flags=re.MULTILINE)]
     return found
 
 

@@ -178,7 +178,7 @@ def test_accelerate_config_is_quoted_in_the_command(tmp_path):
     crafted = tmp_path / "acc; touch PWNED $(id).yaml"
     crafted.write_text("{}")
     config = bad_config(tmp_path, lambda x: x["resources"]["distill"].update(gpu=1, accelerate=str(crafted)))
-    result = snakemake("-n", "-p", "--forceall", f"results/tiny/distill/lrc-dense-s0-t800000", "--configfile", config)
+    result = snakemake("-n", "-p", "--forceall", "results/tiny/distill/lrc-dense-s0-t800000", "--configfile", config)
     assert result.returncode == 0, result.stderr
     (cmd,) = [c for c in shell_commands(result.stdout) if " distill " in c]
     words = shlex.split(cmd)
