@@ -30,8 +30,8 @@ import json
 import re
 import shlex
 import typing
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from lrc.errors import LRCError
