@@ -131,6 +131,19 @@ def resource(settings: dict, stage: str, key: str) -> Any:
     return (settings.get("resources") or {}).get(stage, {}).get(key, RESOURCE_DEFAULTS[key])
 
 
+def schema_problems(config: dict, schema_file: Path | str) -> list[str]:
+    """Every violation of the config schema, each naming its key and the reason."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_file).read_text())
+    errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
+    return [
+        f"at {'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
+        for e in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path])
+    ]
+
+
 def yaml_syntax_problem(path: Path | str) -> str | None:
     """A YAML syntax error of a config file, with the file, line and column; None if it reads."""
     import yaml
@@ -357,7 +370,8 @@ def teacher_hidden_size(exp: str, settings: dict, workdir: Path | str = ".", wor
         world_class = world_class or command_args_class("world")
         flags = _converted(world_class, settings.get("world") or {})
         args = world_class(**(flags | {"out": Path("world")}))
-        return int(args.teacher_sizes()["hidden_size"]), "the teacher sizes of the world section"
+        sizes = getattr(args, "teacher_sizes", None)  # lrc world's resolved teacher sizes
+        return (int(sizes()["hidden_size"]), "the teacher sizes of the world section") if sizes else None
     for path in (Path(workdir) / "results" / exp / "teacher" / "config.json", Path(workdir) / "config" / "teachers" / f"{exp}.json"):
         if path.is_file():
             try:

@@ -50,6 +50,13 @@ def test_schema_enums_are_lrc_names():
     assert tuple(exp["resources"]["propertyNames"]["enum"]) == wc.STAGES
 
 
+def test_schema_problems_name_the_key():
+    config = default_config()
+    config["experiments"]["tiny"]["distill"]["arms"].append("wide")
+    assert wc.schema_problems(config, SCHEMA) == ["at experiments.tiny.distill.arms.3: 'wide' is not one of ['slice', 'dense', 'core', 'confined', 'randcomp']"]
+    assert wc.schema_problems(default_config(), SCHEMA) == []
+
+
 def test_common_smk_has_no_arm_list_or_run_format_of_its_own():
     text = (ROOT / "workflow" / "rules" / "common.smk").read_text()
     assert "slice|dense" not in text and '"slice"' not in text and "-s{seed}-t{tokens}" not in text

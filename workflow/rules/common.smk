@@ -6,8 +6,6 @@ import re
 import shlex
 from pathlib import Path
 
-import jsonschema
-import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
@@ -18,21 +16,11 @@ from lrc.names import ARMS, CONTROL_ARMS, MAIN_ARMS, RECIPES, RUN_FORMAT, SFT_SU
 # ---------------------------------------------------------------- validation
 
 
-def schema_problems(config, schema_file):
-    """Every schema violation of the config, each naming its key and the reason."""
-    schema = yaml.safe_load(Path(schema_file).read_text())
-    errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
-    return [
-        f"at {'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
-        for e in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path])
-    ]
-
-
 # Refuse a bad config before any job runs; then let Snakemake's validate fill in the schema's
 # defaults. The flag sections are checked against the commands once the rules are defined
 # (check_flag_sections, called from the Snakefile).
 SCHEMA_FILE = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
-if problems := schema_problems(config, SCHEMA_FILE):
+if problems := wc.schema_problems(config, SCHEMA_FILE):
     raise WorkflowError("\n".join(f"invalid config {p}" for p in problems))
 validate(config, "../schemas/config.schema.yaml")
 
@@ -93,7 +81,12 @@ def student_hidden(wildcards):
 
 def resource(stage, key):
     """A resources function: experiments/{exp}/resources/{stage}/{key}, or the default."""
-    return lambda wildcards: wc.resource(settings(wildcards.exp), stage, key)
+
+    def value(wildcards):
+        exp = getattr(wildcards, "exp", None)
+        return wc.resource(settings(exp) if exp else {}, stage, key)
+
+    return value
 
 
 # Options a rule builds in a params function (lrc.workflow_config refuses them in the config).
