@@ -2,7 +2,10 @@
 # -> tables, figure, report.  Settings live in the config (see workflow/schemas/config.schema.yaml);
 # each rule hands one config section to one `lrc` command as flags.
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
+
+from lrc.workflow_config import yaml_syntax_problem
 
 min_version("9.0")
 
@@ -10,6 +13,11 @@ min_version("9.0")
 # --configfile replaces the built-in tiny world instead of being merged into it, so a paper
 # config never inherits stray tiny-world settings; --config key=value still overrides either.
 if not workflow.overwrite_configfiles:
+
+    # A YAML syntax error named with its file and line (Snakemake's own message names neither;
+    # a --configfile, though, is read by Snakemake before this file runs).
+    if problem := yaml_syntax_problem("config/config.yaml"):
+        raise WorkflowError(problem)
 
     configfile: "config/config.yaml"
 
@@ -27,6 +35,10 @@ include: "workflow/rules/sft.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/audit.smk"
 include: "workflow/rules/aggregate.smk"
+
+
+# Only now are all rules defined: check the flag sections against the rules and commands.
+check_flag_sections()
 
 
 rule all:

@@ -10,6 +10,7 @@ the commands can all use it without importing the command line.
 from __future__ import annotations
 
 import argparse
+import contextvars
 import dataclasses
 import types
 import typing
@@ -31,6 +32,8 @@ def parse_args(cls: type[T], argv: Sequence[str] | None = None, prog: str | None
     supplies values for any fields (keys are field names); flags given on the command
     line win. Unknown keys and wrong types are errors that name the key.
     """
+    if _CAPTURE.get():
+        raise _Captured(cls)
     parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip())
     parser.add_argument("--config", type=Path, help="YAML file with values for any of the options below")
     hints = typing.get_type_hints(cls)
@@ -112,11 +115,107 @@ def _load_config_file(path: Path, fields: dict[str, dataclasses.Field], hints: d
         name = str(key).replace("-", "_")
         if name not in fields:
             raise LRCError(f"config file {path}: unknown key {key!r}")
-        tp = _unwrap_optional(hints[name])
-        if value is not None and tp is Path:
-            value = Path(value)
-        out[name] = value
+        out[name] = convert_value(value, hints[name], f"config file {path}: {key}")
     return out
+
+
+def convert_value(value: Any, tp: Any, where: str) -> Any:
+    """``value`` (as YAML read it) converted to the option type ``tp`` the way the command line
+    would read its text: ``"1e-4"`` (a string to YAML) is the float 1e-4, ``2048.7`` is no
+    int, ``"yes"`` is no bool. A wrong value is an LRCError that starts with ``where``."""
+    optional = tp is not _unwrap_optional(tp)
+    tp = _unwrap_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise LRCError(f"{where}: needs a value ({_type_name(tp)}), got null")
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple):
+        (item,) = typing.get_args(tp)[:1] or (Any,)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        return [convert_value(v, item, f"{where}[{i}]" if isinstance(value, (list, tuple)) else where) for i, v in enumerate(items)]
+    if isinstance(value, (list, tuple, dict)):
+        raise LRCError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        try:
+            value = _scalar(value, type(choices[0]))
+        except (TypeError, ValueError):
+            pass
+        if value not in choices:
+            raise LRCError(f"{where}: {value!r} is not one of {', '.join(map(str, choices))}")
+        return value
+    if tp in (bool, int, float, str, Path):
+        try:
+            return _scalar(value, tp)
+        except (TypeError, ValueError):
+            raise LRCError(f"{where}: expected {_type_name(tp)}, got {value!r}") from None
+    return value
+
+
+def _scalar(value: Any, tp: type) -> Any:
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise TypeError
+    if isinstance(value, bool):  # a flag's value where a number or a text belongs
+        raise TypeError
+    if tp is int:
+        if isinstance(value, float):
+            raise TypeError
+        return int(value)
+    if tp is float:
+        return float(value)
+    return tp(str(value))
+
+
+def _type_name(tp: Any) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a text", Path: "a path"}
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
+    if typing.get_origin(tp) in (list, tuple):
+        return "a list"
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def build_args(cls: type[T], values: dict[str, Any], where: str) -> T:
+    """``cls`` from option values as YAML read them (a workflow config's flag section), checked
+    as the command would check them: unknown options, wrong types, and the dataclass's own
+    validation, each an LRCError naming ``where`` and the key."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    converted = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise LRCError(f"{where}.{key}: not an option of this command")
+        converted[key] = convert_value(value, hints[key], f"{where}.{key}")
+    try:
+        return cls(**converted)
+    except (TypeError, ValueError, LRCError) as err:
+        raise LRCError(f"{where}: {err}") from err
+
+
+class _Captured(Exception):
+    def __init__(self, cls: type):
+        super().__init__(cls.__name__)
+        self.cls = cls
+
+
+_CAPTURE: contextvars.ContextVar[bool] = contextvars.ContextVar("lrc_options_capture", default=False)
+
+
+def args_class(entry: Any) -> type:
+    """The argument dataclass a command's entry point (``main(argv)``) parses: its call of
+    :func:`parse_args` is stopped before parsing and reports the class. Nothing else of the
+    command runs (an entry point's only work before parsing is its imports)."""
+    token = _CAPTURE.set(True)
+    try:
+        entry([])
+    except _Captured as captured:
+        return captured.cls
+    finally:
+        _CAPTURE.reset(token)
+    raise LRCError(f"{getattr(entry, '__qualname__', entry)} does not parse its options with lrc.options.parse_args")
 
 
 def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:

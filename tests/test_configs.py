@@ -14,7 +14,9 @@ from tests.helpers import command_options
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+# The shipped configs, and any a user adds to config/paper/ ("Adding a teacher" in the README).
 CONFIGS = sorted([ROOT / "config" / "config.yaml", ROOT / "config" / "test.yaml", *(ROOT / "config" / "paper").glob("*.yaml")])
+SHIPPED = ["config/config.yaml", "config/test.yaml", "config/paper/llama3.1-8b.yaml", "config/paper/llama3.2-3b.yaml", "config/paper/qwen2.5-3b.yaml"]
 
 # Config section -> the `lrc` command whose options it holds.
 SECTIONS = {
@@ -42,7 +44,17 @@ def validator():
 
 
 def test_every_config_is_listed():
-    assert len(CONFIGS) == 5 and all(p.exists() for p in CONFIGS), CONFIGS
+    listed = [p.relative_to(ROOT).as_posix() for p in CONFIGS]
+    assert set(SHIPPED) <= set(listed) and all(p.exists() for p in CONFIGS), listed
+
+
+@pytest.mark.parametrize("path", ["config/config.yaml", "config/test.yaml"])
+def test_local_configs_checkpoint_every_training_stage(path):
+    """A killed local run resumes instead of restarting from step 0 (checkpoints do not change
+    the trajectory: resuming reaches the same weights, tests/test_resume.py)."""
+    (x,) = load(ROOT / path)["experiments"].values()
+    for where in (x["teacher"]["pretrain"], x["warmstart"], x["distill"]["train"], x["sft"]["train"]):
+        assert where.get("checkpoint_every", 0) > 0, where
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))

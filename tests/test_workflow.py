@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -51,7 +52,7 @@ def test_lint_is_clean():
 
 
 def test_default_dry_run_builds_the_tiny_chain():
-    result = snakemake("-n", "results/table1.csv")
+    result = snakemake("-n", "--forceall", "results/table1.csv")
     assert result.returncode == 0, result.stderr
     counts = job_counts(result.stdout)
     assert counts["distill"] == 3 and counts["merge"] == 3 and counts["evaluate"] == 4
@@ -60,7 +61,7 @@ def test_default_dry_run_builds_the_tiny_chain():
 
 @pytest.mark.parametrize("config", PAPER, ids=lambda p: p.stem)
 def test_paper_config_builds_its_dag(config):
-    result = snakemake("-n", "--configfile", config)
+    result = snakemake("-n", "--forceall", "--configfile", config)
     assert result.returncode == 0, result.stderr
     (exp, x), = yaml.safe_load(config.read_text())["experiments"].items()
     d = x["distill"]
@@ -75,7 +76,7 @@ def test_paper_config_builds_its_dag(config):
 
 def test_slurm_profile_dry_run_shows_the_sbatch_resources():
     config = ROOT / "config" / "paper" / "llama3.2-3b.yaml"
-    result = snakemake("--profile", "profiles/slurm", "-n", "results/table1.csv", "--configfile", config)
+    result = snakemake("--profile", "profiles/slurm", "-n", "--forceall", "results/table1.csv", "--configfile", config)
     assert result.returncode == 0, result.stderr
     blocks = result.stdout.split("rule ")
     distill = [b for b in blocks if b.startswith("distill:")]
@@ -88,7 +89,7 @@ def test_slurm_profile_dry_run_shows_the_sbatch_resources():
 @pytest.mark.parametrize("config", [ROOT / "config" / "config.yaml", *PAPER], ids=lambda p: p.stem)
 def test_every_rule_hands_its_command_options_it_has(config):
     """Each `lrc <command>` line of a dry run uses only options that command accepts."""
-    result = snakemake("-n", "-p", "--configfile", config)
+    result = snakemake("-n", "-p", "--forceall", "--configfile", config)
     assert result.returncode == 0, result.stderr
     checked = 0
     for cmd in shell_commands(result.stdout):
@@ -113,6 +114,104 @@ def test_bad_config_is_refused_before_any_job_with_the_key(tmp_path):
     message = result.stdout + result.stderr
     assert "invalid config at experiments.tiny.distill.arms.3: 'wide' is not one of" in message, message
     assert not (tmp_path / "results").exists()
+
+
+def test_dry_runs_do_not_depend_on_results_in_the_checkout(tmp_path):
+    """The tests above count jobs with --forceall: a finished Quick start in the checkout
+    (results/ present, nothing to do) leaves the counts unchanged."""
+    config = ROOT / "config" / "config.yaml"
+    (tmp_path / "results" / "tiny" / "teacher").mkdir(parents=True)
+    (tmp_path / "results" / "table1.csv").write_text("model\n")
+    fresh = job_counts(snakemake("-n", "--forceall", "results/table1.csv", "--configfile", config).stdout)
+    done = job_counts(snakemake("-n", "--forceall", "results/table1.csv", "--directory", tmp_path, "--configfile", config).stdout)
+    assert fresh == done and fresh["distill"] == 3
+
+
+def bad_config(tmp_path, edit, base="config.yaml"):
+    config = yaml.safe_load((ROOT / "config" / base).read_text())
+    (exp,) = config["experiments"]
+    edit(config["experiments"][exp])
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def refused(tmp_path, edit):
+    """Run the bad config for real in an empty directory holding one earlier result: it must
+    be refused before any job runs, and the earlier result must stay."""
+    earlier = tmp_path / "results" / "tiny" / "warmstart" / "lrc" / "settings.json"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("{}")
+    result = snakemake("--cores", "1", "results/table1.csv", "--directory", tmp_path, "--configfile", bad_config(tmp_path, edit))
+    assert result.returncode != 0
+    assert earlier.read_text() == "{}"
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "results").rglob("*") if p.is_file()) == [
+        "results/tiny/warmstart/lrc/settings.json"]
+    assert not (tmp_path / "logs").exists()  # no job started
+    return result.stdout + result.stderr
+
+
+REFUSED = [
+    ("distill.train.tokens", lambda x: x["distill"]["train"].update(tokens=1000), "the rule `distill` sets this option itself (`--tokens {wildcards.tokens}`)"),
+    ("distill.train.seed", lambda x: x["distill"]["train"].update(seed=3), "the rule `distill` sets this option itself (`--seed {wildcards.seed}`)"),
+    ("distill.train.arm", lambda x: x["distill"]["train"].update(arm="dense"), "the rule `distill` sets this option itself (`--arm {wildcards.arm}`)"),
+    ("loss.lrc.arm", lambda x: x["loss"]["lrc"].update(arm="dense"), "the rule `distill` sets this option itself (`--arm {wildcards.arm}`)"),
+    ("evaluate.model", lambda x: x["evaluate"].update(model="results/tiny/teacher"), "the rule `evaluate` sets this option itself (`--model {input.model}`)"),
+    ("warmstart.student_hidden", lambda x: x["warmstart"].update(student_hidden=8), "the rule `warmstart` sets this option itself (`--student-hidden {params.hidden}`)"),
+    ("distill.train.lrr", lambda x: x["distill"]["train"].update(lrr=0.1), "not an option of `lrc distill`"),
+    ("distill.train.lr", lambda x: x["distill"]["train"].update(lr="fast"), "expected a number, got 'fast'"),
+    ("student.hidden_size", lambda x: x["student"].update(hidden_size=128), "128 must be below the teacher's hidden size 128"),
+    ("warmstart.tokens", lambda x: x["warmstart"].update(tokens=-5), "--tokens must be >= 0, got -5"),
+    ("evaluate.suite", lambda x: x["evaluate"].update(suite="nope"), "'nope' is not one of tiny, paper"),
+    ("resources.distill.accelerate", lambda x: x["resources"]["distill"].update(accelerate="x; touch PWNED"), "'x; touch PWNED' is not an existing file"),
+]
+
+
+@pytest.mark.parametrize("key, edit, reason", REFUSED, ids=[k for k, *_ in REFUSED])
+def test_bad_flag_section_is_refused_before_any_job_naming_the_key(tmp_path, key, edit, reason):
+    message = refused(tmp_path, edit)
+    assert f"invalid config at experiments.tiny.{key}: {reason}" in message, message
+    assert not (tmp_path / "PWNED").exists() and not (ROOT / "PWNED").exists()
+
+
+def test_accelerate_config_is_quoted_in_the_command(tmp_path):
+    crafted = tmp_path / "acc; touch PWNED $(id).yaml"
+    crafted.write_text("{}")
+    config = bad_config(tmp_path, lambda x: x["resources"]["distill"].update(gpu=1, accelerate=str(crafted)))
+    result = snakemake("-n", "-p", "--forceall", "results/tiny/distill/lrc-dense-s0-t800000", "--configfile", config)
+    assert result.returncode == 0, result.stderr
+    (cmd,) = [c for c in shell_commands(result.stdout) if " distill " in c]
+    words = shlex.split(cmd)
+    assert words[words.index("lrc_launch") + 2] == str(crafted), cmd  # one word, not a command
+
+
+def test_yaml_syntax_error_in_the_default_config_names_file_and_line(tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text("experiments:\n  tiny:\n    teacher: {source: world\n    student: 3\n")
+    result = snakemake("-n", "--snakefile", ROOT / "Snakefile", "--directory", tmp_path)
+    assert result.returncode != 0
+    assert "invalid config file config/config.yaml, line 4" in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_checkpoint_key_covers_the_student_width():
+    """Every setting a training rule passes (beyond paths and the wildcards in the output path)
+    reaches ckpt_dir's key: a changed student.hidden_size gives the warm start a new key."""
+    def warmstart_key(hidden, tmp):
+        config = bad_config(tmp, lambda x: x["student"].update(hidden_size=hidden))
+        result = snakemake("-n", "-p", "--forceall", "results/tiny/warmstart/lrc", "--configfile", config)
+        assert result.returncode == 0, result.stderr
+        (cmd,) = [c for c in shell_commands(result.stdout) if " warmstart " in c]
+        return re.search(r"\$\(ckpt_dir ([^)]*)\)", cmd)[1], cmd
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        key64, cmd = warmstart_key(64, Path(a))
+        key32, _ = warmstart_key(32, Path(b))
+    assert key64 != key32 and "64" in shlex.split(key64)
+    for flag, value in re.findall(r"--([a-z-]+) (\S+)", cmd.split("--ckpt-dir", 1)[0]):
+        if not value.startswith("results/"):  # paths are hashed through their settings.json
+            assert value in key64 or value in cmd.split("/warmstart/", 1)[1].split()[0], (flag, value)
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -163,13 +262,23 @@ def test_end_to_end_chain_on_the_test_world(tmp_path):
     assert report.returncode == 0, report.stderr
     assert (repo / "report.html").stat().st_size > 10_000
 
+    # A value the config check can tell is wrong is refused before any job: the output stays.
+    core = f"results/{exp}/distill/lrc-core-s0-t20000"
     changed["experiments"][exp]["distill"]["train"]["lr"] = "not-a-number"
     (repo / "broken.yaml").write_text(yaml.safe_dump(changed))
+    refused = snakemake("--cores", "1", core, "--configfile", "broken.yaml", cwd=repo)
+    assert refused.returncode != 0
+    assert f"invalid config at experiments.{exp}.distill.train.lr: expected a number, got 'not-a-number'" in refused.stdout + refused.stderr
+    assert (repo / core / "settings.json").exists()  # not deleted: no job ran
+
+    # One only the job can find (the batch does not split into micro-batches): the job fails.
+    changed["experiments"][exp]["distill"]["train"]["lr"] = 0.003
+    changed["experiments"][exp]["distill"]["train"]["micro_batch_size"] = 5
+    (repo / "broken.yaml").write_text(yaml.safe_dump(changed))
     # Target the one job, so which job fails first does not depend on scheduling order.
-    core = f"results/{exp}/distill/lrc-core-s0-t20000"
     failed = snakemake("--cores", "1", core, "--configfile", "broken.yaml", cwd=repo)
     assert failed.returncode != 0
-    assert "--lr" in (repo / f"logs/{exp}/distill/lrc-core-s0-t20000.log").read_text()  # the log names the option
+    assert "--micro-batch-size" in (repo / f"logs/{exp}/distill/lrc-core-s0-t20000.log").read_text()  # the log names the option
     assert not (repo / core).exists()  # no partial output
     for stage in ["teacher", "svd", "warmstart/lrc"]:  # earlier results are kept
         assert (results / exp / stage / "settings.json").exists(), stage

@@ -7,18 +7,18 @@ rule audit:
     output:
         "results/{exp}/audit.csv",
     params:
-        hidden=lambda wildcards: X(wildcards.exp)["student"]["hidden_size"],
-        flags=section("audit"),
+        hidden=student_hidden,
+        flags=flags_of("audit"),
     log:
         "logs/{exp}/audit.log",
     benchmark:
         "benchmarks/{exp}/audit.tsv"
     conda:
         "../envs/lrc.yaml"
-    threads: res("audit", "threads")
+    threads: resource("audit", "threads")
     resources:
-        mem_mb=res("audit", "mem_mb"),
-        runtime=res("audit", "runtime"),
+        mem_mb=resource("audit", "mem_mb"),
+        runtime=resource("audit", "runtime"),
     shell:
         "OMP_NUM_THREADS={threads} lrc audit {input.teacher} --student-hidden {params.hidden}"
         " --csv {output} {params.flags} > {log} 2>&1"

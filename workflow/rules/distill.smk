@@ -10,21 +10,21 @@ rule distill:
     output:
         directory(f"results/{{exp}}/distill/{RUN}"),
     params:
-        flags=distill_flags,
+        flags=flags_of("distill"),
     log:
         f"logs/{{exp}}/distill/{RUN}.log",
     benchmark:
         f"benchmarks/{{exp}}/distill/{RUN}.tsv"
     conda:
         "../envs/lrc.yaml"
-    threads: res("distill", "threads")
+    threads: resource("distill", "threads")
     resources:
-        gpu=res("distill", "gpu"),
-        mem_mb=res("distill", "mem_mb"),
-        runtime=res("distill", "runtime"),
-        accelerate=res("distill", "accelerate"),
+        gpu=resource("distill", "gpu"),
+        mem_mb=resource("distill", "mem_mb"),
+        runtime=resource("distill", "runtime"),
+        accelerate=resource("distill", "accelerate"),
     shell:
-        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate} distill --teacher {input.teacher} --bases {input.bases}"
+        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate:q} distill --teacher {input.teacher} --bases {input.bases}"
         " --warmstart {input.warmstart} --data {input.data} --arm {wildcards.arm}"
         " --recipe {wildcards.recipe} --seed {wildcards.seed} --tokens {wildcards.tokens}"
-        " --out {output} --ckpt-dir $(ckpt_dir {output} {params.flags:q} {input}) {params.flags} > {log} 2>&1"
+        " --out {output} --ckpt-dir $(ckpt_dir {output} {params:q} -- {input}) {params.flags} > {log} 2>&1"

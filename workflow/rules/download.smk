@@ -7,16 +7,16 @@ rule download:
     wildcard_constraints:
         exp=exp_pattern(hub=True),
     params:
-        flags=section("teacher", "hub"),
+        flags=flags_of("download"),
     log:
         "logs/{exp}/download.log",
     benchmark:
         "benchmarks/{exp}/download.tsv"
     conda:
         "../envs/lrc.yaml"
-    threads: res("download", "threads")
+    threads: resource("download", "threads")
     resources:
-        mem_mb=res("download", "mem_mb"),
-        runtime=res("download", "runtime"),
+        mem_mb=resource("download", "mem_mb"),
+        runtime=resource("download", "runtime"),
     shell:
         "lrc download --out {output} {params.flags} > {log} 2>&1"

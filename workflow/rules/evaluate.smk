@@ -10,18 +10,18 @@ rule evaluate:
         name=EVAL_NAME,
     params:
         tasks=eval_tasks,
-        flags=section("evaluate"),
+        flags=flags_of("evaluate"),
     log:
         "logs/{exp}/evaluate/{name}.log",
     benchmark:
         "benchmarks/{exp}/evaluate/{name}.tsv"
     conda:
         "../envs/lrc.yaml"
-    threads: res("evaluate", "threads")
+    threads: resource("evaluate", "threads")
     resources:
-        gpu=res("evaluate", "gpu"),
-        mem_mb=res("evaluate", "mem_mb"),
-        runtime=res("evaluate", "runtime"),
+        gpu=resource("evaluate", "gpu"),
+        mem_mb=resource("evaluate", "mem_mb"),
+        runtime=resource("evaluate", "runtime"),
     shell:
         "OMP_NUM_THREADS={threads} lrc evaluate --model {input.model} --teacher {input.teacher}"
         " --heldout {input.data}/valid {params.tasks} --out {output} {params.flags} > {log} 2>&1"

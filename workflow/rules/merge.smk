@@ -10,17 +10,17 @@ rule merge:
     output:
         directory(f"results/{{exp}}/merged/{RUN}"),
     params:
-        flags=section("merge"),
+        flags=flags_of("merge"),
     log:
         f"logs/{{exp}}/merge/{RUN}.log",
     benchmark:
         f"benchmarks/{{exp}}/merge/{RUN}.tsv"
     conda:
         "../envs/lrc.yaml"
-    threads: res("merge", "threads")
+    threads: resource("merge", "threads")
     resources:
-        mem_mb=res("merge", "mem_mb"),
-        runtime=res("merge", "runtime"),
+        mem_mb=resource("merge", "mem_mb"),
+        runtime=resource("merge", "runtime"),
     shell:
         "OMP_NUM_THREADS={threads} lrc merge --teacher {input.teacher} --bases {input.bases}"
         " --state {input.state} --data {input.data}/valid --out {output} {params.flags} > {log} 2>&1"

@@ -10,20 +10,20 @@ rule pretrain:
     wildcard_constraints:
         exp=exp_pattern(hub=False),
     params:
-        flags=section("teacher", "pretrain"),
+        flags=flags_of("pretrain"),
     log:
         "logs/{exp}/pretrain.log",
     benchmark:
         "benchmarks/{exp}/pretrain.tsv"
     conda:
         "../envs/lrc.yaml"
-    threads: res("pretrain", "threads")
+    threads: resource("pretrain", "threads")
     resources:
-        gpu=res("pretrain", "gpu"),
-        mem_mb=res("pretrain", "mem_mb"),
-        runtime=res("pretrain", "runtime"),
-        accelerate=res("pretrain", "accelerate"),
+        gpu=resource("pretrain", "gpu"),
+        mem_mb=resource("pretrain", "mem_mb"),
+        runtime=resource("pretrain", "runtime"),
+        accelerate=resource("pretrain", "accelerate"),
     shell:
-        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate} pretrain --model-config {input.world}/teacher_config.json"
+        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate:q} pretrain --model-config {input.world}/teacher_config.json"
         " --tokenizer {input.world}/tokenizer --data {input.corpus} --out {output}"
-        " --ckpt-dir $(ckpt_dir {output} {params.flags:q} {input}) {params.flags} > {log} 2>&1"
+        " --ckpt-dir $(ckpt_dir {output} {params:q} -- {input}) {params.flags} > {log} 2>&1"

@@ -8,19 +8,19 @@ rule sft:
     output:
         directory(f"results/{{exp}}/sft/{RUN}"),
     params:
-        flags=section("sft", "train"),
+        flags=flags_of("sft"),
     log:
         f"logs/{{exp}}/sft/{RUN}.log",
     benchmark:
         f"benchmarks/{{exp}}/sft/{RUN}.tsv"
     conda:
         "../envs/lrc.yaml"
-    threads: res("sft", "threads")
+    threads: resource("sft", "threads")
     resources:
-        gpu=res("sft", "gpu"),
-        mem_mb=res("sft", "mem_mb"),
-        runtime=res("sft", "runtime"),
-        accelerate=res("sft", "accelerate"),
+        gpu=resource("sft", "gpu"),
+        mem_mb=resource("sft", "mem_mb"),
+        runtime=resource("sft", "runtime"),
+        accelerate=resource("sft", "accelerate"),
     shell:
-        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate} sft --model {input.model} --data {input.data}"
-        " --out {output} --ckpt-dir $(ckpt_dir {output} {params.flags:q} {input}) {params.flags} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate:q} sft --model {input.model} --data {input.data}"
+        " --out {output} --ckpt-dir $(ckpt_dir {output} {params:q} -- {input}) {params.flags} > {log} 2>&1"

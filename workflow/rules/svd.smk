@@ -7,17 +7,17 @@ rule svd:
     output:
         directory("results/{exp}/svd"),
     params:
-        flags=section("svd"),
+        flags=flags_of("svd"),
     log:
         "logs/{exp}/svd.log",
     benchmark:
         "benchmarks/{exp}/svd.tsv"
     conda:
         "../envs/lrc.yaml"
-    threads: res("svd", "threads")
+    threads: resource("svd", "threads")
     resources:
-        gpu=res("svd", "gpu"),
-        mem_mb=res("svd", "mem_mb"),
-        runtime=res("svd", "runtime"),
+        gpu=resource("svd", "gpu"),
+        mem_mb=resource("svd", "mem_mb"),
+        runtime=resource("svd", "runtime"),
     shell:
         "OMP_NUM_THREADS={threads} lrc svd --teacher {input.teacher} --out {output} {params.flags} > {log} 2>&1"

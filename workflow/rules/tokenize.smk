@@ -12,16 +12,16 @@ rule tokenize:
         kind="corpus|sft",
     params:
         paths=tokenize_paths,
-        flags=lambda wildcards: cli_args(X(wildcards.exp)["data"][wildcards.kind]),
+        flags=flags_of("tokenize"),
     log:
         "logs/{exp}/tokenize_{kind}.log",
     benchmark:
         "benchmarks/{exp}/tokenize_{kind}.tsv"
     conda:
         "../envs/lrc.yaml"
-    threads: res("tokenize", "threads")
+    threads: resource("tokenize", "threads")
     resources:
-        mem_mb=res("tokenize", "mem_mb"),
-        runtime=res("tokenize", "runtime"),
+        mem_mb=resource("tokenize", "mem_mb"),
+        runtime=resource("tokenize", "runtime"),
     shell:
         "OMP_NUM_THREADS={threads} lrc tokenize {params.paths} --out {output} {params.flags} > {log} 2>&1"

@@ -10,21 +10,21 @@ rule warmstart:
     output:
         directory("results/{exp}/warmstart/{recipe}"),
     params:
-        hidden=lambda wildcards: X(wildcards.exp)["student"]["hidden_size"],
-        flags=warmstart_flags,
+        hidden=student_hidden,
+        flags=flags_of("warmstart"),
     log:
         "logs/{exp}/warmstart/{recipe}.log",
     benchmark:
         "benchmarks/{exp}/warmstart/{recipe}.tsv"
     conda:
         "../envs/lrc.yaml"
-    threads: res("warmstart", "threads")
+    threads: resource("warmstart", "threads")
     resources:
-        gpu=res("warmstart", "gpu"),
-        mem_mb=res("warmstart", "mem_mb"),
-        runtime=res("warmstart", "runtime"),
-        accelerate=res("warmstart", "accelerate"),
+        gpu=resource("warmstart", "gpu"),
+        mem_mb=resource("warmstart", "mem_mb"),
+        runtime=resource("warmstart", "runtime"),
+        accelerate=resource("warmstart", "accelerate"),
     shell:
-        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate} warmstart --teacher {input.teacher} --bases {input.bases}"
+        "OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate:q} warmstart --teacher {input.teacher} --bases {input.bases}"
         " --data {input.data} --recipe {wildcards.recipe} --student-hidden {params.hidden} --out {output}"
-        " --ckpt-dir $(ckpt_dir {output} {params.flags:q} {input}) {params.flags} > {log} 2>&1"
+        " --ckpt-dir $(ckpt_dir {output} {params:q} -- {input}) {params.flags} > {log} 2>&1"

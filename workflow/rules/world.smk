@@ -5,16 +5,16 @@ rule world:
     output:
         directory("results/{exp}/world"),
     params:
-        flags=section("world"),
+        flags=flags_of("world"),
     log:
         "logs/{exp}/world.log",
     benchmark:
         "benchmarks/{exp}/world.tsv"
     conda:
         "../envs/lrc.yaml"
-    threads: res("world", "threads")
+    threads: resource("world", "threads")
     resources:
-        mem_mb=res("world", "mem_mb"),
-        runtime=res("world", "runtime"),
+        mem_mb=resource("world", "mem_mb"),
+        runtime=resource("world", "runtime"),
     shell:
         "OMP_NUM_THREADS={threads} lrc world --out {output} {params.flags} > {log} 2>&1"

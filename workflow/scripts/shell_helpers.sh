@@ -6,10 +6,14 @@ export PYTHONPATH="$LRC_REPO${PYTHONPATH:+:$PYTHONPATH}"
 lrc() { python -m lrc.cli "$@"; }
 
 # lrc_launch N ACCELERATE_CONFIG COMMAND ARGS...: one process, or `accelerate launch` with that
-# config (config/accelerate/: ddp.yaml, fsdp.yaml) across the job's N GPUs.
+# config (config/accelerate/: ddp.yaml, fsdp.yaml) across the job's N GPUs. A relative config
+# path not found in the working directory is looked up in the checkout.
 lrc_launch() {
     local n=$1 accelerate_config=$2
     shift 2
+    if [ ! -e "$accelerate_config" ] && [ -e "$LRC_REPO/$accelerate_config" ]; then
+        accelerate_config="$LRC_REPO/$accelerate_config"
+    fi
     if [ "$n" -gt 0 ]; then
         accelerate launch --config_file "$accelerate_config" --num_processes "$n" -m lrc.cli "$@"
     else
@@ -17,16 +21,21 @@ lrc_launch() {
     fi
 }
 
-# ckpt_dir OUTPUT FLAGS INPUT...: the job's checkpoint directory, checkpoints/<OUTPUT without
-# results/>/<key>. It lies outside every declared output, so a failed job keeps it and a
-# restart resumes from it; the key hashes the job's flags and its inputs' settings.json, so a
-# changed config or a rebuilt input starts afresh instead of resuming stale checkpoints.
+# ckpt_dir OUTPUT PARAM... -- INPUT...: the job's checkpoint directory, checkpoints/<OUTPUT
+# without results/>/<key>. It lies outside every declared output, so a failed job keeps it and
+# a restart resumes from it. The key hashes every param of the job (its flags and any setting
+# the rule passes through params, such as the student width) and its inputs' settings.json; the
+# wildcards are in OUTPUT. A changed config or a rebuilt input therefore starts afresh instead
+# of resuming a checkpoint of other settings or shapes.
 ckpt_dir() {
-    local out=$1 flags=$2
-    shift 2
+    local out=$1
+    shift
+    local params=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do params+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
     local key
     key=$({
-        printf '%s\n' "$flags"
+        printf '%s\n' "${params[@]}"
         for d in "$@"; do cat "$d/settings.json" 2>/dev/null || true; done
     } | sha256sum | cut -c1-12)
     printf 'checkpoints/%s/%s' "${out#results/}" "$key"

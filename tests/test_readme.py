@@ -1,0 +1,43 @@
+"""The README's (and the configs' header comments') snakemake commands avoid the traps the
+README itself describes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTED = [ROOT / "README.md", *sorted((ROOT / "config").rglob("*.yaml")), *sorted((ROOT / "profiles").rglob("*.yaml"))]
+
+
+def snakemake_commands(text: str) -> list[str]:
+    """Every `snakemake ...` command: in backticks, in code blocks and in comments."""
+    found = re.findall(r"`(snakemake [^`]*)`", text)
+    found += [m.strip() for m in re.findall(r"^[#\s]*(snakemake [^`#\n]*)", text, flags=re.MULTILINE)]
+    return found
+
+
+def test_no_target_after_configfile():
+    """`--configfile a.yaml results/table1.csv` reads the target as a second config file."""
+    checked = 0
+    for path in DOCUMENTED:
+        text = path.read_text().split("## Known traps", 1)[0]  # the traps section shows the wrong form
+        for cmd in snakemake_commands(text):
+            words = cmd.split()
+            if "--configfile" in words:
+                after = words[words.index("--configfile") + 1:]
+                files = [w for w in after[: next((i for i, w in enumerate(after) if w.startswith("-")), len(after))]]
+                assert not [f for f in files if not f.endswith((".yaml", ".yml", ".json"))], f"{path.name}: {cmd}"
+                checked += 1
+    assert checked >= 5
+
+
+def test_report_after_the_quick_start_names_its_target():
+    text = (ROOT / "README.md").read_text()
+    quick = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    (target,) = re.findall(r"snakemake --cores 2 (results/\S+)", quick.split("```")[1])
+    assert f"snakemake --report report.html {target}" in text
+
+
+def test_readme_says_how_to_unlock_after_a_kill():
+    assert "snakemake --unlock" in (ROOT / "README.md").read_text()

@@ -1,0 +1,287 @@
+"""The workflow's config checks and flag building (lrc.workflow_config) and the typed reading of
+option values (lrc.options), without Snakemake: each bad input is refused with its key."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Literal
+
+import pytest
+import yaml
+
+from lrc import names
+from lrc import workflow_config as wc
+from lrc.cli import COMMANDS
+from lrc.errors import LRCError
+from lrc.options import args_class, convert_value, parse_args
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def default_config():
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+def rule_shells() -> dict[str, str]:
+    """Each rule's shell command as written in workflow/rules/*.smk (joined string pieces)."""
+    import re
+
+    shells = {}
+    for path in (ROOT / "workflow" / "rules").glob("*.smk"):
+        for name, body in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", path.read_text(), flags=re.DOTALL | re.MULTILINE):
+            if "shell:" in body:
+                pieces = re.findall(r'^\s+"(.*)"\s*$', body.split("shell:", 1)[1], flags=re.MULTILINE)
+                shells[name] = "".join(pieces)
+    return shells
+
+
+# ---------------------------------------------------------------- names and schema
+
+
+def test_schema_enums_are_lrc_names():
+    schema = yaml.safe_load(SCHEMA.read_text())
+    exp = schema["$defs"]["experiment"]["properties"]
+    assert tuple(exp["distill"]["properties"]["arms"]["items"]["enum"]) == names.ARMS
+    assert tuple(exp["distill"]["properties"]["recipes"]["items"]["enum"]) == names.RECIPES
+    assert tuple(exp["sft"]["properties"]["arms"]["items"]["enum"]) == names.ARMS
+    assert tuple(exp["loss"]["propertyNames"]["enum"]) == names.RECIPES
+    assert tuple(exp["resources"]["propertyNames"]["enum"]) == wc.STAGES
+
+
+def test_schema_problems_name_the_key():
+    config = default_config()
+    config["experiments"]["tiny"]["distill"]["arms"].append("wide")
+    assert wc.schema_problems(config, SCHEMA) == ["at experiments.tiny.distill.arms.3: 'wide' is not one of ['slice', 'dense', 'core', 'confined', 'randcomp']"]
+    assert wc.schema_problems(default_config(), SCHEMA) == []
+
+
+def test_common_smk_has_no_arm_list_or_run_format_of_its_own():
+    text = (ROOT / "workflow" / "rules" / "common.smk").read_text()
+    assert "slice|dense" not in text and '"slice"' not in text and "-s{seed}-t{tokens}" not in text
+
+
+# ---------------------------------------------------------------- option values (lrc.options)
+
+
+@pytest.mark.parametrize(
+    "value, tp, expect",
+    [("1e-4", float, 1e-4), (3, float, 3.0), ("12", int, 12), (12, int, 12), (True, bool, True), ("x", str, "x"),
+     (5, str, "5"), ("q", list[str], ["q"]), (["q", "k"], list[str] | None, ["q", "k"]), (None, float | None, None),
+     ("a", Literal["a", "b"], "a"), ("d", Path, Path("d")), ([0.9, "0.95"], list[float], [0.9, 0.95])],
+)
+def test_values_are_read_like_the_command_line_reads_them(value, tp, expect):
+    assert convert_value(value, tp, "k") == expect
+
+
+@pytest.mark.parametrize(
+    "value, tp, reason",
+    [(2048.7, int, "expected an integer, got 2048.7"), ("fast", float, "expected a number, got 'fast'"),
+     (True, int, "expected an integer, got True"), ("yes", bool, "expected true or false, got 'yes'"),
+     ("c", Literal["a", "b"], "'c' is not one of a, b"), (None, float, "needs a value"), ([1, 2], float, "expected a number"),
+     ([1, 1.5], list[int], "k[1]: expected an integer, got 1.5")],
+)
+def test_wrong_values_are_refused_naming_the_key(value, tp, reason):
+    with pytest.raises(LRCError, match="^k") as err:
+        convert_value(value, tp, "k")
+    assert reason in str(err.value)
+
+
+def distill_class():
+    return wc.command_args_class("distill")
+
+
+def test_config_file_values_are_converted_to_the_option_types(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("lr: 1e-4\ntokens: 2048\nbetas: [0.9, 0.95]\n")  # YAML reads 1e-4 as a string
+    args = parse_args(distill_class(), ["--config", str(config), "--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense"])
+    assert args.lr == 1e-4 and isinstance(args.lr, float) and args.tokens == 2048 and args.betas == [0.9, 0.95]
+
+
+@pytest.mark.parametrize("line, key, reason", [("tokens: 2048.7", "tokens", "expected an integer, got 2048.7"), ("lr: fast", "lr", "expected a number"),
+                                               ("schedule: steep", "schedule", "'steep' is not one of"), ("progress: maybe", "progress", "expected true or false")])
+def test_wrong_config_file_values_are_errors_naming_file_and_key(tmp_path, line, key, reason):
+    config = tmp_path / "c.yaml"
+    config.write_text(line + "\n")
+    with pytest.raises(LRCError) as err:
+        parse_args(distill_class(), ["--config", str(config), "--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense"])
+    assert f"config file {config}: {key}: {reason}" in str(err.value)
+
+
+def test_a_wrong_config_file_value_exits_2_through_the_command_line(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("tokens: 2048.7\n")
+    result = subprocess.run(["python", "-m", "lrc.cli", "distill", "--config", str(config), "--teacher", "t", "--data", "d", "--out", str(tmp_path / "o"), "--arm", "dense"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    assert result.returncode == 2 and "tokens: expected an integer, got 2048.7" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()
+
+
+def test_every_command_has_an_argument_dataclass():
+    import importlib
+
+    for command, (module, _) in COMMANDS.items():
+        mod = importlib.import_module(module)
+        cls = args_class(getattr(mod, f"main_{command}", None) or mod.main)
+        assert cls.__dataclass_fields__, command
+
+
+# ---------------------------------------------------------------- flags and rule-set options
+
+
+def test_cli_flags_are_sorted_quoted_and_typed():
+    assert wc.cli_flags({"lr": 1e-4, "clone_terms": ["q", "k"], "progress": False, "x": None, "name": "a b"}) == (
+        "--clone-terms q k --lr 0.0001 --name 'a b' --no-progress")
+    assert wc.cli_flags({"tokenizer": "t", "chat": True}, sort=False) == "--tokenizer t --chat"
+
+
+def test_rule_options_are_read_from_the_shell_command():
+    shell = ("OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate:q} distill --teacher {input.teacher}"
+             " --arm {wildcards.arm} --ckpt-dir $(ckpt_dir {output} {params:q} -- {input}) {params.flags} > {log} 2>&1")
+    command, options = wc.rule_options(shell)
+    assert command == "distill"
+    assert options == {"teacher": "{input.teacher}", "arm": "{wildcards.arm}", "ckpt_dir": "$(ckpt_dir {output} {params:q} -- {input})"}
+    command, options = wc.rule_options("lrc audit {input.teacher} --student-hidden {params.hidden} --csv {output} {params.flags} > {log} 2>&1")
+    assert command == "audit" and options["_positional"] == "{input.teacher}" and options["student_hidden"] == "{params.hidden}"
+
+
+def test_the_shipped_rules_set_the_run_options_themselves():
+    shells = rule_shells()
+    assert {"arm", "recipe", "seed", "tokens", "warmstart", "out", "ckpt_dir"} <= set(wc.rule_options(shells["distill"])[1])
+    assert {"student_hidden", "recipe"} <= set(wc.rule_options(shells["warmstart"])[1])
+    assert {"model", "teacher", "out"} <= set(wc.rule_options(shells["evaluate"])[1])
+
+
+def problems(edit, shells=None, workdir=ROOT):
+    config = default_config()
+    edit(config["experiments"]["tiny"])
+    return wc.config_problems(config, shells or rule_shells(), workdir=workdir)
+
+
+def test_the_shipped_configs_have_no_problems():
+    for path in [ROOT / "config" / "config.yaml", ROOT / "config" / "test.yaml", *(ROOT / "config" / "paper").glob("*.yaml")]:
+        config = yaml.safe_load(path.read_text())
+        assert wc.config_problems(config, rule_shells(), workdir=ROOT) == [], path
+
+
+RULE_SET = [
+    ("distill.train.tokens", lambda x: x["distill"]["train"].update(tokens=1000), "`distill`", "--tokens {wildcards.tokens}"),
+    ("distill.train.seed", lambda x: x["distill"]["train"].update(seed=3), "`distill`", "--seed {wildcards.seed}"),
+    ("distill.train.arm", lambda x: x["distill"]["train"].update(arm="dense"), "`distill`", "--arm {wildcards.arm}"),
+    ("distill.train.recipe", lambda x: x["distill"]["train"].update(recipe="kl"), "`distill`", "--recipe {wildcards.recipe}"),
+    ("distill.train.warmstart", lambda x: x["distill"]["train"].update(warmstart="x"), "`distill`", "--warmstart {input.warmstart}"),
+    ("loss.lrc.arm", lambda x: x["loss"]["lrc"].update(arm="dense"), "`distill`", "--arm {wildcards.arm}"),
+    ("loss.lrc.recipe", lambda x: x["loss"]["lrc"].update(recipe="kl"), "`warmstart`", "--recipe {wildcards.recipe}"),
+    ("evaluate.model", lambda x: x["evaluate"].update(model="results/tiny/teacher"), "`evaluate`", "--model {input.model}"),
+    ("warmstart.student_hidden", lambda x: x["warmstart"].update(student_hidden=8), "`warmstart`", "--student-hidden {params.hidden}"),
+    ("warmstart.out", lambda x: x["warmstart"].update(out="elsewhere"), "`warmstart`", "--out {output}"),
+    ("sft.train.model", lambda x: x["sft"]["train"].update(model="m"), "`sft`", "--model {input.model}"),
+    ("teacher.pretrain.model_config", lambda x: x["teacher"]["pretrain"].update(model_config="c.json"), "`pretrain`", "--model-config"),
+    ("merge.state", lambda x: x.update(merge={"state": "s"}), "`merge`", "--state {input.state}"),
+    ("audit.student_hidden", lambda x: x.update(audit={"student_hidden": 8}), "`audit`", "--student-hidden {params.hidden}"),
+    ("svd.teacher", lambda x: x.update(svd={"teacher": "t"}), "`svd`", "--teacher {input.teacher}"),
+    ("world.out", lambda x: x["world"].update(out="w"), "`world`", "--out {output}"),
+    ("distill.train.ckpt_dir", lambda x: x["distill"]["train"].update(ckpt_dir="c"), "`distill`", "--ckpt-dir $(ckpt_dir"),
+]
+
+
+@pytest.mark.parametrize("key, edit, rule, setting", RULE_SET, ids=[k for k, *_ in RULE_SET])
+def test_a_key_the_rule_sets_itself_is_refused(key, edit, rule, setting):
+    found = problems(edit)
+    assert found and found[0].startswith(f"experiments.tiny.{key}: the rule {rule} sets this option itself"), found
+    assert setting in found[0]
+
+
+def test_options_a_rule_builds_in_a_params_function_are_refused_too():
+    found = problems(lambda x: x["data"]["sft"].update(chat=False))
+    assert found == ["experiments.tiny.data.sft.chat: the rule `tokenize` sets this option itself (`--chat`); remove it from the config"]
+    found = problems(lambda x: x["data"]["corpus"].update(source="other.jsonl"))
+    assert found and found[0].startswith("experiments.tiny.data.corpus.source: the rule `tokenize` sets this option itself (`--source results/tiny/world/corpus/train.jsonl`)")
+    assert problems(lambda x: x["evaluate"].update(tasks_dir="t"))[0].startswith("experiments.tiny.evaluate.tasks_dir: the rule `evaluate` sets")
+
+
+def test_a_key_in_two_sections_of_one_job_is_refused():
+    found = problems(lambda x: x["warmstart"].update(alpha=0.5))
+    assert found == ["experiments.tiny.loss.lrc.alpha: also set in experiments.tiny.warmstart.alpha; the job would use only one of them, set it in one place"]
+
+
+BAD_FLAGS = [
+    ("unknown option", lambda x: x["distill"]["train"].update(lrr=0.1), "experiments.tiny.distill.train.lrr: not an option of `lrc distill`"),
+    ("wrong type", lambda x: x["distill"]["train"].update(lr="fast"), "experiments.tiny.distill.train.lr: expected a number, got 'fast'"),
+    ("fractional int", lambda x: x["distill"]["train"].update(batch_size=8.5), "experiments.tiny.distill.train.batch_size: expected an integer, got 8.5"),
+    ("negative warm start", lambda x: x["warmstart"].update(tokens=-5), "experiments.tiny.warmstart.tokens: --tokens must be >= 0, got -5"),
+    ("bad suite", lambda x: x["evaluate"].update(suite="nope"), "experiments.tiny.evaluate.suite: 'nope' is not one of tiny, paper"),
+    ("bad schedule", lambda x: x["teacher"]["pretrain"].update(schedule="steep"), "experiments.tiny.teacher.pretrain.schedule: 'steep' is not one of"),
+    ("bad warmup", lambda x: x["distill"]["train"].update(warmup=1.5), "experiments.tiny.distill.train.warmup: --warmup is a fraction"),
+    ("bad loss value", lambda x: x["loss"]["lrc"].update(temperature=0), "experiments.tiny.loss.lrc.temperature: temperature must be positive"),
+    ("bad clone term", lambda x: x["loss"]["lrc"].update(clone_terms=["q", "z"]), "unknown clone term(s) ['z']"),
+    ("bad world", lambda x: x["world"].update(people="many"), "experiments.tiny.world.people: expected an integer, got 'many'"),
+    ("bad sft option", lambda x: x["sft"]["train"].update(batch_size=0), "experiments.tiny.sft.train.batch_size: --batch-size must be >= 1, got 0"),
+    ("student too wide", lambda x: x["student"].update(hidden_size=128), "experiments.tiny.student.hidden_size: 128 must be below the teacher's hidden size 128"),
+    ("world teacher narrower", lambda x: x["world"].update(hidden_size=48, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2),
+     "experiments.tiny.student.hidden_size: 64 must be below the teacher's hidden size 48"),
+]
+
+
+@pytest.mark.parametrize("what, edit, message", BAD_FLAGS, ids=[w for w, *_ in BAD_FLAGS])
+def test_a_bad_flag_section_is_refused_naming_the_key(what, edit, message):
+    found = problems(edit)
+    assert any(message in p for p in found), found
+
+
+def test_a_hub_teacher_width_is_checked_from_its_known_config(tmp_path):
+    config = yaml.safe_load((ROOT / "config" / "paper" / "llama3.2-3b.yaml").read_text())
+    config["experiments"]["llama3.2-3b"]["student"]["hidden_size"] = 3072
+    found = wc.config_problems(config, rule_shells(), workdir=ROOT)
+    assert any("experiments.llama3.2-3b.student.hidden_size: 3072 must be below the teacher's hidden size 3072 (from" in p
+               and "llama3.2-3b.json" in p for p in found), found
+    # A downloaded teacher's own config.json counts first.
+    (tmp_path / "results" / "llama3.2-3b" / "teacher").mkdir(parents=True)
+    (tmp_path / "results" / "llama3.2-3b" / "teacher" / "config.json").write_text('{"hidden_size": 4096}')
+    config["experiments"]["llama3.2-3b"]["resources"] = {}  # no accelerate files in tmp_path
+    assert wc.config_problems(config, rule_shells(), workdir=tmp_path) == []
+
+
+def test_an_accelerate_config_must_be_an_existing_file():
+    crafted = "config/accelerate/ddp.yaml; touch PWNED"
+    found = problems(lambda x: x["resources"]["distill"].update(accelerate=crafted))
+    assert found == [f"experiments.tiny.resources.distill.accelerate: {crafted!r} is not an existing file (an accelerate config, e.g. config/accelerate/ddp.yaml)"]
+    assert problems(lambda x: x["resources"]["distill"].update(accelerate="config/accelerate/fsdp.yaml")) == []
+    # gpu > 0 uses the default, which must then exist where the jobs run.
+    assert problems(lambda x: x["resources"]["distill"].update(gpu=1)) == []
+
+
+def test_yaml_syntax_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("experiments:\n  tiny:\n    teacher: {source: world\n    student: 3\n")
+    problem = wc.yaml_syntax_problem(bad)
+    assert problem and problem.startswith(f"invalid config file {bad}, line 4"), problem
+    assert wc.yaml_syntax_problem(ROOT / "config" / "config.yaml") is None
+
+
+# ---------------------------------------------------------------- the checkpoint key
+
+
+def ckpt_dir(*args) -> str:
+    helpers = ROOT / "workflow" / "scripts" / "shell_helpers.sh"
+    script = f'export LRC_REPO="{ROOT}"; source "{helpers}"; ckpt_dir "$@"'
+    return subprocess.run(["bash", "-c", script, "ckpt_dir", *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_checkpoint_key_hashes_every_param_and_the_inputs_settings(tmp_path):
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "settings.json").write_text('{"a": 1}')
+    base = ckpt_dir("results/x/warmstart/lrc", "64", "--lr 0.1", "--", str(inp))
+    assert base.startswith("checkpoints/x/warmstart/lrc/") and len(base.rsplit("/", 1)[1]) == 12
+    assert ckpt_dir("results/x/warmstart/lrc", "32", "--lr 0.1", "--", str(inp)) != base  # the student width
+    assert ckpt_dir("results/x/warmstart/lrc", "64", "--lr 0.2", "--", str(inp)) != base
+    assert ckpt_dir("results/x/warmstart/lrc", "64", "--lr 0.1", "--", str(inp)) == base
+    (inp / "settings.json").write_text('{"a": 2}')
+    assert ckpt_dir("results/x/warmstart/lrc", "64", "--lr 0.1", "--", str(inp)) != base  # a rebuilt input
+    # A job with one param keeps the key it had before params other than the flags counted.
+    one = ckpt_dir("results/x/distill/r", "--lr 0.1", "--", str(inp))
+    old = subprocess.run(["bash", "-c", f'{{ printf "%s\\n" "--lr 0.1"; cat "{inp}/settings.json"; }} | sha256sum | cut -c1-12'],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert one == f"checkpoints/x/distill/r/{old}"
