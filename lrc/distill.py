@@ -70,9 +70,16 @@ class WarmstartArgs(_DistillCommon):
 class DistillArgs(_DistillCommon):
     """Distill one arm from the warm start (or, with --student-hidden and no --warmstart, from a random init)."""
 
-    arm: str = field(metadata={"help": "slice, dense, core, confined or randcomp"})
+    arm: str = field(metadata={"help": ", ".join(ARMS)})
     warmstart: Path | None = field(default=None, metadata={"help": "LRC state directory of the warm start"})
     student_hidden: int | None = field(default=None, metadata={"help": "student hidden size r, to start from a fresh init (no --warmstart)"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Checked here, not in main, so the workflow's config check sees it before any job runs.
+        check_choice("--arm", self.arm, ARMS)
+        if (self.warmstart is None) == (self.student_hidden is None):
+            raise LRCError("give exactly one of --warmstart (continue a warm start) and --student-hidden (start from a fresh init)")
 
 
 def _recipe(args: RecipeArgs) -> RecipeArgs:
@@ -115,9 +122,6 @@ def main_warmstart(argv: Sequence[str] | None = None) -> int:
 
 def main_distill(argv: Sequence[str] | None = None) -> int:
     args = parse_args(DistillArgs, argv, prog="lrc distill")
-    check_choice("--arm", args.arm, ARMS)
-    if (args.warmstart is None) == (args.student_hidden is None):
-        raise LRCError("give exactly one of --warmstart (continue a warm start) and --student-hidden (start from a fresh init)")
     teacher, bases, dataset = _load(args)
     if args.warmstart is not None:
         student = load_lrc_state(args.warmstart, teacher, bases)

@@ -95,7 +95,7 @@ def distill_class():
 def test_config_file_values_are_converted_to_the_option_types(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("lr: 1e-4\ntokens: 2048\nbetas: [0.9, 0.95]\n")  # YAML reads 1e-4 as a string
-    args = parse_args(distill_class(), ["--config", str(config), "--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense"])
+    args = parse_args(distill_class(), ["--config", str(config), "--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense", "--warmstart", "w"])
     assert args.lr == 1e-4 and isinstance(args.lr, float) and args.tokens == 2048 and args.betas == [0.9, 0.95]
 
 
@@ -105,14 +105,14 @@ def test_wrong_config_file_values_are_errors_naming_file_and_key(tmp_path, line,
     config = tmp_path / "c.yaml"
     config.write_text(line + "\n")
     with pytest.raises(LRCError) as err:
-        parse_args(distill_class(), ["--config", str(config), "--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense"])
+        parse_args(distill_class(), ["--config", str(config), "--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense", "--warmstart", "w"])
     assert f"config file {config}: {key}: {reason}" in str(err.value)
 
 
 def test_a_wrong_config_file_value_exits_2_through_the_command_line(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("tokens: 2048.7\n")
-    result = subprocess.run(["python", "-m", "lrc.cli", "distill", "--config", str(config), "--teacher", "t", "--data", "d", "--out", str(tmp_path / "o"), "--arm", "dense"],
+    result = subprocess.run(["python", "-m", "lrc.cli", "distill", "--config", str(config), "--teacher", "t", "--data", "d", "--out", str(tmp_path / "o"), "--arm", "dense", "--warmstart", "w"],
                             capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
     assert result.returncode == 2 and "tokens: expected an integer, got 2048.7" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()
