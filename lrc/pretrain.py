@@ -18,6 +18,7 @@ import torch
 from lrc.atomic import atomic_dir
 from lrc.checkpoint import copy_metrics
 from lrc.errors import LRCError
+from lrc.hf import load_tokenizer
 from lrc.objectives import LMObjective
 from lrc.options import parse_args
 from lrc.provenance import write_settings
@@ -73,8 +74,6 @@ def save_hf_output(model: torch.nn.Module, tokenizer: Any, out: Path, *, command
 
 def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
-
-    from lrc.hf import load_tokenizer
 
     args = parse_args(PretrainArgs, argv, prog="lrc pretrain")
     targs = train_args_from(args)

@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from lrc.errors import LRCError
-from lrc.hf import load_causal_lm
+from lrc.hf import load_causal_lm, load_tokenizer
 from lrc.objectives import LMObjective
 from lrc.options import parse_args
 from lrc.pretrain import save_hf_output
@@ -50,8 +50,6 @@ def load_hf_model(path: Path, option: str = "--model"):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lrc.hf import load_tokenizer
-
     args = parse_args(SftArgs, argv, prog="lrc sft")
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lrc.cli import COMMANDS
 from lrc.errors import LRCError
 from lrc.names import run_name
 from lrc.options import args_class, build_args, convert_value
@@ -294,8 +295,6 @@ def _shown(value: Any) -> str:
 
 def command_args_class(command: str) -> type:
     """The argument dataclass of ``lrc <command>``, through lrc.cli.COMMANDS."""
-    from lrc.cli import COMMANDS
-
     module = importlib.import_module(COMMANDS[command][0])
     entry = getattr(module, f"main_{command}", None) or module.main
     return args_class(entry)

@@ -23,6 +23,8 @@ from typing import Literal, Sequence
 
 from lrc.atomic import atomic_dir
 from lrc.errors import LRCError
+from lrc.options import parse_args
+from lrc.provenance import write_settings
 from lrc.world.generator import (
     FACTS,
     World,
@@ -176,9 +178,6 @@ def _count_tokens(tokenizer, docs: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from lrc.options import parse_args
-    from lrc.provenance import write_settings
-
     args = parse_args(WorldArgs, argv, prog="lrc world")
     size, teacher_sizes = args.resolved_size(), args.teacher_sizes()
     out = Path(args.out)
