@@ -9,6 +9,8 @@ accelerate 1.15 does not do for an LRC student, done here:
   config. :func:`enable_cpu_fsdp` switches such a run to FSDP2 over gloo, with the plugin
   the launcher described in the environment, so the GPU code path is the one tested here
   (``config/accelerate/fsdp-cpu2.yaml``).
+- **Contiguous parameters.** ``fully_shard`` refuses a strided parameter (`confined` stores
+  its down projection's C transposed); :func:`before_prepare` makes them contiguous.
 - **Tied factors.** A tied student shares one factor Parameter between ``embed_tokens`` and
   ``lm_head`` through two parametrisations, so accelerate's tie test (``input.weight is
   output.weight``) sees two computed tensors and shards the two modules in separate groups:
@@ -67,6 +69,17 @@ def _fsdp_kwargs(accelerator) -> dict:
         "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
         "mesh": mesh[tuple(accelerator.parallelism_config.fsdp_dim_names)] if mesh is not None else None,
     }
+
+
+def before_prepare(model: nn.Module, accelerator) -> bool:
+    """What FSDP2 needs before the optimiser is built: contiguous parameters (``fully_shard``
+    refuses a strided one, e.g. the transposed ``C`` of `confined`'s down projection; same
+    values, same Parameter), and the shared factor in one group. True if the student is tied."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.is_contiguous():
+                p.data = p.data.contiguous()
+    return shard_shared_factors(model, accelerator)
 
 
 def shard_shared_factors(model: nn.Module, accelerator) -> bool:

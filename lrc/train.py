@@ -290,7 +290,7 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     set_seed(args.seed)
     fsdp = accelerator.distributed_type.name == "FSDP"
     # FSDP2 and a tied student: one group for the shared factor, before the optimiser holds it.
-    tied = accelerator.is_fsdp2 and sharding.shard_shared_factors(model, accelerator)
+    tied = accelerator.is_fsdp2 and sharding.before_prepare(model, accelerator)
     optimizer, scheduler = _optimizer(model, args, steps)
     place_teacher(objective, accelerator, mixed)
     model.train()

@@ -14,9 +14,9 @@ Also run as a script by the placement test: ``python tests/test_fsdp.py placemen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -105,34 +105,46 @@ def test_fsdp2_two_processes_follow_one_process(world, tmp_path, arm):
     assert json.loads((tmp_path / "p2" / "lrc.json").read_text())["arm"] == arm
 
 
-def _kill_group_after(cmd: list[str], ckpt_dir: Path, after_step: int, timeout: float = 240) -> None:
-    """Start ``cmd`` in its own process group; SIGKILL the whole group (launcher and ranks) once a
-    checkpoint at or after ``after_step`` exists, as a scheduler kills a job."""
-    proc = subprocess.Popen(cmd, env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+def _kill_job_after(cmd: list[str], ckpt_dir: Path, after_step: int, timeout: float = 240) -> None:
+    """Start ``cmd``; SIGKILL it and every process below it (the launcher and the ranks, which
+    torchrun starts in sessions of their own) once a checkpoint at or after ``after_step``
+    exists, as a scheduler kills a job's cgroup."""
+    import psutil
+
+    proc = subprocess.Popen(cmd, env=ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def kill_all() -> None:
+        try:
+            tree = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
+        for p in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(tree, timeout=30)
+
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             if any(int(p.name.split("-")[1]) >= after_step for p in ckpt.list_checkpoints(ckpt_dir)):
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(30)
+                kill_all()
                 return
             time.sleep(0.05)
         raise AssertionError(f"no checkpoint at step >= {after_step} before the run ended (rc {proc.poll()})")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_all()
         proc.wait(30)
 
 
 def test_fsdp2_killed_and_restarted_equals_uninterrupted(world, tmp_path):
-    steps = 120
-    cmd = lambda out: launch("-m", "lrc.cli", "distill", *distill_flags(world, out, "core", steps, "--checkpoint-every", "10", "--log-every", "10"))  # noqa: E731
+    steps = 40
+    cmd = lambda out: launch("-m", "lrc.cli", "distill", *distill_flags(world, out, "core", steps, "--checkpoint-every", "5", "--log-every", "5"))  # noqa: E731
     run(cmd(tmp_path / "straight"))
-    _kill_group_after(cmd(tmp_path / "killed"), tmp_path / "killed.ckpt", after_step=10)
+    _kill_job_after(cmd(tmp_path / "killed"), tmp_path / "killed.ckpt", after_step=5)
     assert not (tmp_path / "killed").exists() and not (tmp_path / "killed.ckpt" / ckpt.DONE_FILE).exists()
     run(cmd(tmp_path / "killed"))
     settings = json.loads((tmp_path / "killed" / "settings.json").read_text())["training"]
-    assert settings["resumed_from"] and int(Path(settings["resumed_from"]).name.split("-")[1]) >= 10
+    assert settings["resumed_from"] and int(Path(settings["resumed_from"]).name.split("-")[1]) >= 5
     a, b = load_file(str(tmp_path / "straight" / "student.safetensors")), load_file(str(tmp_path / "killed" / "student.safetensors"))
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert losses(tmp_path / "straight") == losses(tmp_path / "killed")
