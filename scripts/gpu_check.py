@@ -140,7 +140,7 @@ def round_trip(check: Check, cfg: dict, cfg_path: Path) -> None:
     if not ok:
         return
     wall = check.lrc("merge", "merge", "--state", str(work / "core"), "--teacher", str(teacher), "--bases", str(work / "bases"),
-                     "--data", str(data), "--out", str(work / "merged"), "--check-len", str(min(128, a.seq_len)))
+                     "--data", str(data / "train"), "--out", str(work / "merged"), "--check-len", str(min(128, a.seq_len)))
     if wall is not None:
         m = json.loads((work / "merged" / "merge_check.json").read_text())
         check.rows.append({"stage": "merge", "status": "ok" if m["passed"] else "FAILED", "layers": cfg["num_hidden_layers"],
@@ -152,6 +152,7 @@ def main() -> int:
     p.add_argument("--device", choices=["cuda", "cpu"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--budget-s", type=float, default=420.0)
+    p.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS, help="arms to time (kd always)")
     args = p.parse_args()
     gpu = args.device == "cuda"
     if gpu:
@@ -170,14 +171,18 @@ def main() -> int:
     check = Check(args)
 
     cfg2 = write_config(check.out / "teacher-2l.json", base, 2)
-    bench_rows(check, cfg2, check.out / "teacher-2l.json", 2, ARMS, "2l", 0.0)
-    per_arm_2l = check.durations.get("bench-2l", 60.0) / (len(ARMS) + 1)
+    bench_rows(check, cfg2, check.out / "teacher-2l.json", 2, args.arms, "2l", 0.0)
+    per_arm_2l = check.durations.get("bench-2l", 60.0) / (len(args.arms) + 1)
     round_trip(check, cfg2, check.out / "teacher-2l.json")
     cfgf = write_config(check.out / f"teacher-{full_layers}l.json", base, full_layers)
     scale = full_layers / 2
     # All layers: the cheap arms first (kd, slice, dense), then the basis arms if the time left holds them.
-    bench_rows(check, cfgf, check.out / f"teacher-{full_layers}l.json", full_layers, ["slice", "dense"], f"{full_layers}l-a", 3 * per_arm_2l * scale * 0.6)
-    bench_rows(check, cfgf, check.out / f"teacher-{full_layers}l.json", full_layers, ["core", "confined", "randcomp"], f"{full_layers}l-b", 4 * per_arm_2l * scale)
+    cheap = [a for a in args.arms if a in ("slice", "dense")]
+    basis = [a for a in args.arms if a not in cheap]
+    for part, arms in (("a", cheap), ("b", basis)):
+        if arms:
+            bench_rows(check, cfgf, check.out / f"teacher-{full_layers}l.json", full_layers, arms, f"{full_layers}l-{part}",
+                       (len(arms) + 1) * per_arm_2l * scale)
     write_report(check)
     failed = [r for r in check.rows if r.get("status", "").startswith(("failed", "FAILED"))]
     return 1 if failed else 0
