@@ -102,6 +102,16 @@ def test_fsdp2_two_processes_follow_one_process(world, tmp_path, arm):
     step = ckpt.latest_checkpoint(tmp_path / "p2.ckpt")  # accelerate's sharded (DCP) model and optimiser
     assert (step / "pytorch_model_fsdp_0" / ".metadata").is_file() and (step / "optimizer_0" / ".metadata").is_file()
     assert not (step / ckpt.TRAINABLE_FILE).exists()
+    if arm == "core":  # the sharded directories are verified before a resume; damage is named
+        expect = {"trainable": None, "optimizer_params": None, "processes": 2, "sharded": True}
+        ckpt.verify_checkpoint(step, **expect)
+        shard = next((step / ckpt.SHARDED_OPTIMIZER_DIR).glob("*.distcp"))
+        shard.unlink()
+        with pytest.raises(ckpt.DamagedCheckpoint, match=shard.name):
+            ckpt.verify_checkpoint(step, **expect)
+        (step / ckpt.SHARDED_MODEL_DIR / ".metadata").write_bytes(b"garbage")
+        with pytest.raises(ckpt.DamagedCheckpoint, match="metadata"):
+            ckpt.verify_checkpoint(step, **expect)
     assert json.loads((tmp_path / "p2" / "lrc.json").read_text())["arm"] == arm
 
 

@@ -90,6 +90,14 @@ def test_two_processes_follow_one_process(tmp_path, kind):
     assert diff < 1e-4
 
 
+def test_ddp_gradients_are_bucket_views_and_buffers_not_broadcast():
+    from lrc.train import TrainArgs, _accelerator
+
+    accelerator, _ = _accelerator(TrainArgs())
+    assert accelerator.ddp_handler.gradient_as_bucket_view is True
+    assert accelerator.ddp_handler.broadcast_buffers is False
+
+
 @pytest.mark.parametrize("name", ["cpu2", "ddp", "fsdp", "fsdp-cpu2"])
 def test_shipped_accelerate_configs_parse(name):
     """Every shipped config loads with accelerate's own loader and says what its comments say.
