@@ -187,6 +187,23 @@ def test_fsdp2_shards_the_student_parameters_and_replicates_teacher_and_buffers(
             assert any(n.endswith("bias") and not p["requires_grad"] for n, p in seen["params"].items())
 
 
+def test_fsdp2_plain_lm_follows_one_process(tmp_path):
+    """A plain Llama on the LM objective, as `lrc pretrain`/`lrc sft` train it (no LRC
+    parametrisation: accelerate's own wrapping), equal to 1 process."""
+    from tests.test_multiprocess import run_training
+
+    run_training(tmp_path / "p1", "lm")
+    run([*launch(str(REPO / "tests" / "test_multiprocess.py"), str(tmp_path / "p2"), "lm")])
+    curve = lambda o: [json.loads(x)["loss"] for x in Path(json.loads((o / "summary.json").read_text())["metrics"]).read_text().splitlines()]  # noqa: E731
+    c1, c2 = curve(tmp_path / "p1"), curve(tmp_path / "p2")
+    assert len(c1) == len(c2) > 0 and c1[-1] < c1[0]
+    rel = max(abs(a - b) / abs(a) for a, b in zip(c1, c2))
+    w1, w2 = load_file(str(tmp_path / "p1" / "weights.safetensors")), load_file(str(tmp_path / "p2" / "weights.safetensors"))
+    diff = max(float((w1[n] - w2[n]).abs().max()) for n in w1)
+    print(f"plain LM: FSDP2 2 processes vs 1: max relative loss difference {rel:.2e}, max |weight difference| {diff:.2e}")
+    assert set(w1) == set(w2) and rel < RTOL and diff < ATOL
+
+
 def placement(out: Path, kind: str) -> None:
     from torch.distributed.tensor import DTensor
 
