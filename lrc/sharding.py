@@ -9,6 +9,11 @@ accelerate 1.15 does not do for an LRC student, done here:
   config. :func:`enable_cpu_fsdp` switches such a run to FSDP2 over gloo, with the plugin
   the launcher described in the environment, so the GPU code path is the one tested here
   (``config/accelerate/fsdp-cpu2.yaml``).
+- **Precision.** Parameters are gathered and gradients reduced in fp32 (an empty
+  ``MixedPrecisionPolicy``), bf16 compute comes from autocast, as under DDP: the same
+  numerics as DDP, at twice the all-gather bytes of accelerate's bf16 ``param_dtype``, which
+  would give the parametrisations bf16 factors next to fp32 frozen buffers (and CUDA's
+  ``ormqr`` has no bf16 kernel). Revisit with a GPU measurement if the gathers dominate.
 - **Contiguous parameters.** ``fully_shard`` refuses a strided parameter (`confined` stores
   its down projection's C transposed); :func:`before_prepare` makes them contiguous.
 - **Tied factors.** A tied student shares one factor Parameter between ``embed_tokens`` and
@@ -75,10 +80,16 @@ def before_prepare(model: nn.Module, accelerator) -> bool:
     """What FSDP2 needs before the optimiser is built: contiguous parameters (``fully_shard``
     refuses a strided one, e.g. the transposed ``C`` of `confined`'s down projection; same
     values, same Parameter), and the shared factor in one group. True if the student is tied."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     with torch.no_grad():
         for p in model.parameters():
             if not p.is_contiguous():
                 p.data = p.data.contiguous()
+    # fp32 parameters and gradient reductions; bf16 compute comes from autocast, as under DDP.
+    # (accelerate's bf16 param_dtype would hand the parametrisations bf16 factors next to
+    # their fp32 frozen buffers, and torch.ormqr has no bf16 kernel on CUDA.)
+    accelerator.state.fsdp_plugin.mixed_precision_policy = MixedPrecisionPolicy()
     return shard_shared_factors(model, accelerator)
 
 

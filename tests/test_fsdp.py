@@ -177,6 +177,8 @@ def test_fsdp2_shards_the_student_parameters_and_replicates_teacher_and_buffers(
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"placement-{rank}.json").read_text())
         assert seen["distributed_type"] == "FSDP" and seen["num_processes"] == 2
+        # bf16 mixed precision: FSDP2 keeps fp32 parameters and reductions, autocast computes in bf16
+        assert seen["mixed"] == "bf16" and seen["param_dtype"] == seen["reduce_dtype"] == "None"
         assert seen["params"] and all(p["dtensor"] and p["placements"] == ["S(0)"] for p in seen["params"].values())
         assert all(p["local_rows"] == -(-p["shape"][0] // 2) - (rank * (p["shape"][0] % 2)) for p in seen["params"].values())
         assert any("frozen" in n for n in seen["buffers"]) and all(not b["dtensor"] for b in seen["buffers"].values())
@@ -218,12 +220,14 @@ def placement(out: Path, kind: str) -> None:
     student = build_student(teacher, 16, seed=0)
     apply_arm(student, teacher, "core")
     objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
-    r = setup(objective, student, RandomTokens(rows=16), TrainArgs(tokens=0, batch_size=4, micro_batch_size=2), out / "ckpt")
+    r = setup(objective, student, RandomTokens(rows=16), TrainArgs(tokens=0, batch_size=4, micro_batch_size=2, precision="bf16"), out / "ckpt")
     desc = lambda t: {"dtensor": isinstance(t, DTensor), "shape": list(t.shape), "requires_grad": t.requires_grad,  # noqa: E731
                       "placements": [str(x) for x in t.placements] if isinstance(t, DTensor) else None,
                       "local_rows": int(t.to_local().shape[0]) if isinstance(t, DTensor) else None}
     tied_of = lambda m: {id(p) for p in m.get_input_embeddings().parameters()} == {id(p) for p in m.lm_head.parameters()}  # noqa: E731
+    policy = r.accelerator.state.fsdp_plugin.mixed_precision_policy
     seen = {"distributed_type": r.accelerator.distributed_type.name, "num_processes": r.accelerator.num_processes, "tied": tied_of(r.wrapped),
+            "mixed": r.mixed, "param_dtype": str(policy.param_dtype), "reduce_dtype": str(policy.reduce_dtype),
             "params": {n: desc(p) for n, p in r.wrapped.named_parameters()},
             "buffers": {n: desc(b) for n, b in r.wrapped.named_buffers()},
             "teacher": {n: desc(p) | {"full": tuple(p.shape) == tuple(dict(make_teacher(kind).named_parameters())[n].shape)}
