@@ -53,9 +53,14 @@ def test_test_chain_through_the_slurm_profile(slurm, tmp_path):
     cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/slurm", *LOCAL_FLAGS, "results/table1.csv", "--configfile", "config/test.yaml"]
     run = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=2400, env=env)
     log = run.stdout + run.stderr
-    print(log[-6000:])
     assert run.returncode == 0, log[-6000:]
-    assert "Job stats" in log
+    stats = log.split("Job stats:", 1)[1].split("\n\n", 1)[0] if "Job stats:" in log else ""
+    submitted = [line for line in log.splitlines() if "has been submitted with SLURM jobid" in line]
+    jobs = sum(int(line.split()[-1]) for line in stats.splitlines()[3:] if line.split() and line.split()[-1].isdigit() and line.split()[0] != "total")
+    print("Job stats:" + stats)
+    print(f"{len(submitted)} sbatch submissions, e.g. {submitted[0].strip() if submitted else None}")
+    print("\n".join(log.splitlines()[-4:]))
+    assert jobs > 10 and len(submitted) == jobs  # every job went through sbatch
     table1 = pd.read_csv(repo / "results" / "table1.csv")
     print(table1.to_string())
     assert list(table1["arm"]) == ["teacher", "slice", "dense", "core"]
