@@ -3,7 +3,8 @@
 ``train(objective, model, dataset, args, out_dir)`` optimises the trainable parameters of
 ``model`` (those with ``requires_grad``) on ``objective.loss(batch, model=wrapped)`` with
 accelerate, so the same code runs on one CPU, under ``accelerate launch`` with several
-processes (DDP, gloo on CPU) and with FSDP on GPUs.
+processes (DDP, gloo on CPU) and with FSDP2 on GPUs or CPUs (:mod:`lrc.sharding`: what is
+sharded, the tied factor, unsharded again before ``train`` returns).
 
 The code reads in the order of a run: :func:`setup` (accelerator, precision, batch split,
 optimizer, schedule, teacher placement), the checkpoint lock and :func:`resume`, :func:`fit`
