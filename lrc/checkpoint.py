@@ -58,6 +58,8 @@ TRAINABLE_FILE = "trainable.safetensors"
 OPTIMIZER_FILE = "optimizer.bin"  # accelerate's names
 SCHEDULER_FILE = "scheduler.bin"
 RNG_FILE = "random_states_{}.pkl"
+SHARDED_MODEL_DIR = "pytorch_model_fsdp_0"  # accelerate's names under FSDP (SHARDED_STATE_DICT)
+SHARDED_OPTIMIZER_DIR = "optimizer_0"
 DONE_FILE = "DONE"
 METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = "LOCK"
@@ -251,13 +253,33 @@ def _check_torch_file(path: Path) -> Any:
         raise DamagedCheckpoint(path, f"does not load ({type(err).__name__}: {str(err).splitlines()[0][:200]})") from err
 
 
-def verify_checkpoint(step_dir: Path, *, trainable: dict[str, tuple[int, ...]] | None, optimizer_params: int | None, processes: int) -> None:
+def _check_sharded_dir(path: Path) -> None:
+    """A torch.distributed.checkpoint directory (FSDP): its ``.metadata`` loads, its files exist."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        meta = FileSystemReader(str(path)).read_metadata()
+    except Exception as err:  # missing directory or file, truncated pickle
+        raise DamagedCheckpoint(path / ".metadata", f"unreadable ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})") from err
+    for item in (meta.storage_data or {}).values():
+        rel = getattr(item, "relative_path", None)
+        if rel and not (path / rel).is_file():
+            raise DamagedCheckpoint(path / rel, "missing")
+
+
+def verify_checkpoint(step_dir: Path, *, trainable: dict[str, tuple[int, ...]] | None, optimizer_params: int | None, processes: int,
+                      sharded: bool = False) -> None:
     """Raise :class:`DamagedCheckpoint` naming the first bad file of ``step_dir``.
 
-    ``trainable`` (names -> shapes) and ``optimizer_params`` are None under FSDP, whose
-    model and optimiser state accelerate writes as sharded directories of its own.
+    ``trainable`` (names -> shapes) and ``optimizer_params`` are None under FSDP (``sharded``),
+    whose model and optimiser state accelerate writes as torch.distributed.checkpoint
+    directories (``SHARDED_MODEL_DIR``, ``SHARDED_OPTIMIZER_DIR``): their metadata is checked.
     """
     _check_state(step_dir)
+    if sharded:
+        for name in (SHARDED_MODEL_DIR, SHARDED_OPTIMIZER_DIR):
+            if (step_dir / name).is_dir():  # (FULL_STATE_DICT writes single files instead)
+                _check_sharded_dir(step_dir / name)
     if trainable is not None:
         _check_trainable(step_dir / TRAINABLE_FILE, trainable)
     if optimizer_params is not None:
@@ -317,7 +339,7 @@ def load_latest(accelerator, bare: torch.nn.Module, optimizer, ckpt_dir: Path, f
     if accelerator.is_main_process:
         remove_partial(ckpt_dir)
         set_aside_damaged(
-            ckpt_dir, processes=accelerator.num_processes,
+            ckpt_dir, processes=accelerator.num_processes, sharded=fsdp,
             trainable=None if fsdp else {n: tuple(p.shape) for n, p in trainable_parameters(bare)},
             optimizer_params=None if fsdp else sum(len(g["params"]) for g in optimizer.param_groups),
         )

@@ -10,7 +10,8 @@ residual streams, in lockstep. Per layer l (summed over layers, each an element 
 * ``gate``, ``up``: pre-activation outputs, width d_ff.
 * ``mlp_out``: the student's MLP output vs ``P_down · (teacher MLP output)``, width r. The
   target is not detached through P_down (the live factor in `slice`; a frozen warm-start
-  copy in the other arms, :func:`lrc.reach.down_clone_map`).
+  copy in the other arms, :func:`lrc.reach.down_clone_map`). The target is computed in a hook
+  on the student's MLP, inside the layer's forward, where FSDP2 has gathered the factor.
 
 KL and CE are :mod:`lrc.losses`' (forward KL at temperature T, no T² factor,
 ``batchmean`` by default as the reference; fp32 next-token CE). The KL counts all L
@@ -86,13 +87,25 @@ class _Capture:
 
         self.handles.append(module.register_forward_pre_hook(hook))
 
+    def mlp_out(self, mlp, key, teacher_acts):
+        """The student MLP's output, and its target ``P_down · (teacher MLP output)`` computed here,
+        inside the layer's forward: under FSDP2 the layer's parameters are gathered only then,
+        and P_down is the live (sharded) factor in `slice`. Same operation as after the forward."""
+        def hook(_mod, _args, out):
+            if self.active:
+                self.store[key] = out
+                p_down = down_clone_map(mlp)
+                self.store[key + ("target",)] = F.linear(teacher_acts[key].to(p_down.dtype), p_down)
+
+        self.handles.append(mlp.register_forward_hook(hook))
+
     def remove(self):
         for h in self.handles:
             h.remove()
         self.handles.clear()
 
 
-def _hook_model(cap: _Capture, model, layers, terms, student: bool) -> None:
+def _hook_model(cap: _Capture, model, layers, terms, student: bool, teacher_acts: dict | None = None) -> None:
     for i in layers:
         layer = model.model.layers[i]
         attn, mlp = layer.self_attn, layer.mlp
@@ -104,7 +117,9 @@ def _hook_model(cap: _Capture, model, layers, terms, student: bool) -> None:
         for t in ("gate", "up"):
             if t in terms:
                 cap.output(getattr(mlp, f"{t}_proj"), (i, t))
-        if "mlp_out" in terms:
+        if "mlp_out" in terms and student:
+            cap.mlp_out(mlp, (i, "mlp_out"), teacher_acts)
+        elif "mlp_out" in terms:
             cap.output(mlp, (i, "mlp_out"))
 
 
@@ -124,9 +139,10 @@ class CloneObjective:
         self.layers = layers
         self.terms = list(recipe.clone_terms)
         self._t, self._s = _Capture(), _Capture()
+        self._t_acts: dict = {}  # the teacher's activations of the current batch (the student's mlp_out hook reads them)
         if self.terms:
             _hook_model(self._t, teacher, layers, self.terms, student=False)
-            _hook_model(self._s, student, layers, self.terms, student=True)
+            _hook_model(self._s, student, layers, self.terms, student=True, teacher_acts=self._t_acts)
 
     def close(self) -> None:
         """Remove the hooks (the objective is unusable afterwards)."""
@@ -161,9 +177,6 @@ class CloneObjective:
         if name == "attn_out":
             w_o = self.teacher.model.layers[layer].self_attn.o_proj.weight
             s_act = F.linear(s_act, w_o.to(s_act.dtype))
-        elif name == "mlp_out":
-            p_down = down_clone_map(self.student.model.layers[layer].mlp)
-            t_act = F.linear(t_act.to(p_down.dtype), p_down)
         return F.mse_loss(s_act.float(), t_act.float())
 
     def loss(self, batch, model=None):
@@ -174,7 +187,13 @@ class CloneObjective:
             loss_mask = loss_mask.to(device=input_ids.device, dtype=torch.bool)
         r = self.recipe
         t_logits, t_acts = self._teacher_forward(input_ids)
-        s_logits, s_acts = self._student_forward(model, input_ids)
+        self._t_acts.clear()
+        self._t_acts.update(t_acts)
+        try:
+            s_logits, s_acts = self._student_forward(model, input_ids)
+        finally:
+            self._t_acts.clear()
+        t_acts |= {(i, "mlp_out"): s_acts.pop((i, "mlp_out", "target")) for i in self.layers if "mlp_out" in self.terms}
         ce = next_token_ce(s_logits, input_ids, loss_mask)
         kl = kl_divergence(t_logits, s_logits, r.temperature, None if loss_mask is None else kl_position_mask(loss_mask, "all"), r.kl_reduction)
         total = r.ce_weight * ce + r.kl_weight * kl

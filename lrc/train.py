@@ -3,7 +3,8 @@
 ``train(objective, model, dataset, args, out_dir)`` optimises the trainable parameters of
 ``model`` (those with ``requires_grad``) on ``objective.loss(batch, model=wrapped)`` with
 accelerate, so the same code runs on one CPU, under ``accelerate launch`` with several
-processes (DDP, gloo on CPU) and with FSDP on GPUs.
+processes (DDP, gloo on CPU) and with FSDP2 on GPUs or CPUs (:mod:`lrc.sharding`: what is
+sharded, the tied factor, unsharded again before ``train`` returns).
 
 The code reads in the order of a run: :func:`setup` (accelerator, precision, batch split,
 optimizer, schedule, teacher placement), the checkpoint lock and :func:`resume`, :func:`fit`
@@ -73,6 +74,7 @@ from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from torch.utils.data import DataLoader, Dataset
 
 from lrc import checkpoint as ckpt
+from lrc import sharding
 from lrc.errors import LRCError
 from lrc.hf import trainable_parameters
 from lrc.options import check_choice
@@ -228,8 +230,10 @@ def _accelerator(args: TrainArgs) -> tuple[Accelerator, str]:
         mixed = "bf16"
     # broadcast_buffers=False: an LRC student's buffers are the frozen teacher weights (and
     # bases), identical on every rank; DDP would otherwise re-send them at every forward.
-    ddp = DistributedDataParallelKwargs(broadcast_buffers=False)
+    # gradient_as_bucket_view: gradients are views into DDP's all-reduce buckets (no copy).
+    ddp = DistributedDataParallelKwargs(broadcast_buffers=False, gradient_as_bucket_view=True)
     accelerator = Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False, kwargs_handlers=[ddp])
+    sharding.enable_cpu_fsdp(accelerator)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:
         raise LRCError(
@@ -285,11 +289,14 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     if accelerator.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(accelerator.device)
     set_seed(args.seed)
+    fsdp = accelerator.distributed_type.name == "FSDP"
+    # FSDP2 and a tied student: one group for the shared factor, before the optimiser holds it.
+    tied = accelerator.is_fsdp2 and sharding.before_prepare(model, accelerator)
     optimizer, scheduler = _optimizer(model, args, steps)
     place_teacher(objective, accelerator, mixed)
     model.train()
-    wrapped, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    fsdp = accelerator.distributed_type.name == "FSDP"
+    with sharding.embeddings_hidden(model, tied):
+        wrapped, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     if not fsdp:
         # accelerate would copy the whole state dict (frozen teacher factors included) into
         # every checkpoint; save the trainable parameters ourselves instead.
@@ -335,7 +342,7 @@ def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn
         names = names or list(terms)
         vec = torch.stack([total.detach().float()] + [terms[n].detach().float().reshape(()) for n in names])
         step_sum = vec if step_sum is None else step_sum + vec
-    grad_norm = acc.clip_grad_norm_(trainable, run.args.grad_clip if run.args.grad_clip > 0 else float("inf"))
+    grad_norm = sharding.full(acc.clip_grad_norm_(trainable, run.args.grad_clip if run.args.grad_clip > 0 else float("inf")))
     run.optimizer.step()
     lr_used = run.scheduler.get_last_lr()[0]  # a Python float: no sync
     run.scheduler.step()
@@ -409,11 +416,15 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
         extra = {"resumed_from": resumed_from, "metrics": str(ckpt_dir / ckpt.METRICS_FILE)}
         if done is not None:
             run.accelerator.print(f"training already finished ({ckpt_dir}); reusing its final state")
-            return done["summary"] | extra | {"already_done": True}
-        log = StepLog(run.accelerator, ckpt_dir, steps=run.steps, start_step=start_step, tokens_per_step=run.tokens_per_step,
-                      tensorboard=args.tensorboard, progress=args.progress)
-        fit(run, objective, dataset, log, start_step)
-        return finish(run, log, start_step, resumed_from) | extra | {"already_done": False}
+            summary = done["summary"] | extra | {"already_done": True}
+        else:
+            log = StepLog(run.accelerator, ckpt_dir, steps=run.steps, start_step=start_step, tokens_per_step=run.tokens_per_step,
+                          tensorboard=args.tensorboard, progress=args.progress)
+            fit(run, objective, dataset, log, start_step)
+            summary = finish(run, log, start_step, resumed_from) | extra | {"already_done": False}
+        if run.accelerator.is_fsdp2:
+            sharding.unshard(run.wrapped)  # every rank: the command gets a plain model with the full weights
+        return summary
     finally:
         if log is not None:
             log.close()

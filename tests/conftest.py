@@ -12,6 +12,17 @@ from tests.helpers import TEACHER_KINDS, make_teacher
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """`slurm` tests are opt-in: skipped unless the -m expression names them (`pytest -m slurm`),
+    so plain `pytest` and `pytest -m "not slow"` skip them cleanly."""
+    if "slurm" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="opt-in: run with `pytest -m slurm` (needs scripts/slurm-local)")
+    for item in items:
+        if "slurm" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(params=TEACHER_KINDS)
 def teacher(request) -> torch.nn.Module:
     return make_teacher(request.param)

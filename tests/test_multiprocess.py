@@ -90,20 +90,51 @@ def test_two_processes_follow_one_process(tmp_path, kind):
     assert diff < 1e-4
 
 
-@pytest.mark.parametrize("name", ["cpu2", "ddp", "fsdp"])
+def test_ddp_gradients_are_bucket_views_and_buffers_not_broadcast():
+    from lrc.train import TrainArgs, _accelerator
+
+    accelerator, _ = _accelerator(TrainArgs())
+    assert accelerator.ddp_handler.gradient_as_bucket_view is True
+    assert accelerator.ddp_handler.broadcast_buffers is False
+
+
+@pytest.mark.parametrize("name", ["cpu2", "ddp", "fsdp", "fsdp-cpu2"])
 def test_shipped_accelerate_configs_parse(name):
     """Every shipped config loads with accelerate's own loader and says what its comments say.
 
-    (FSDP itself cannot run here: accelerate enables it only on GPUs.)
+    (FSDP runs here on CPU processes: tests/test_fsdp.py, with fsdp-cpu2.yaml.)
     """
     from accelerate.commands.config.config_args import load_config_from_file
 
     cfg = load_config_from_file(str(REPO / "config" / "accelerate" / f"{name}.yaml"))
-    assert cfg.distributed_type.value == {"cpu2": "MULTI_GPU", "ddp": "MULTI_GPU", "fsdp": "FSDP"}[name]
-    assert cfg.mixed_precision == ("no" if name == "cpu2" else "bf16")
-    if name == "fsdp":
+    assert cfg.distributed_type.value == {"cpu2": "MULTI_GPU", "ddp": "MULTI_GPU", "fsdp": "FSDP", "fsdp-cpu2": "FSDP"}[name]
+    assert cfg.mixed_precision == ("no" if name in ("cpu2", "fsdp-cpu2") else "bf16")
+    if name.startswith("fsdp"):
         assert int(cfg.fsdp_config["fsdp_version"]) == 2
-        assert "LlamaDecoderLayer" in cfg.fsdp_config["fsdp_transformer_layer_cls_to_wrap"]
+        assert cfg.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+        # No class list: accelerate refuses a listed class the model lacks ("LlamaDecoderLayer,
+        # Qwen2DecoderLayer" failed on every model); it wraps the model's _no_split_modules.
+        assert "fsdp_transformer_layer_cls_to_wrap" not in cfg.fsdp_config
+
+
+def test_fsdp_wraps_the_decoder_layers_of_both_architectures():
+    """With no class list the plugin wraps each model's own decoder layer class; the list the
+    config used to ship is refused for a Llama (it names Qwen2DecoderLayer)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    from tests.helpers import make_teacher
+
+    for kind, layer in (("llama-tied", "LlamaDecoderLayer"), ("qwen2-untied", "Qwen2DecoderLayer")):
+        model = make_teacher(kind)
+        plugin = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap")
+        plugin.set_auto_wrap_policy(model)
+        assert plugin.auto_wrap_policy.func is transformer_auto_wrap_policy
+        assert {c.__name__ for c in plugin.auto_wrap_policy.keywords["transformer_layer_cls"]} == {layer}
+    old = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
+                                         transformer_cls_names_to_wrap=["LlamaDecoderLayer", "Qwen2DecoderLayer"])
+    with pytest.raises(ValueError, match="Qwen2DecoderLayer"):
+        old.set_auto_wrap_policy(make_teacher("llama-tied"))
 
 
 if __name__ == "__main__":

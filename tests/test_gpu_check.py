@@ -1,0 +1,31 @@
+"""scripts/gpu-check runs end to end in its dry mode (`--device cpu`, tiny widths), in this
+environment (`--no-venv`): bench of plain KD and one arm, svd, the merge round trip, the CSV and
+the table; a small budget makes it skip the all-layers stage, and the skip is in the CSV."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_dry_mode_on_the_cpu(tmp_path):
+    env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    cmd = [str(REPO / "scripts" / "gpu-check"), "--device", "cpu", "--no-venv", "--out", str(tmp_path / "out"), "--budget-s", "30", "--arms", "core"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "out" / "gpu-check.csv")))
+    bench = {r["arm"]: r for r in rows if r["stage"] == "bench"}
+    assert set(bench) == {"kd", "core"} and all(r["status"] == "ok" and r["layers"] == "2" for r in bench.values())
+    assert all(float(r["tokens_per_s"]) > 0 and float(r["peak_memory_mib"]) > 0 for r in bench.values())
+    assert bench["kd"]["mfu"] == ""  # no GPU peak to divide by
+    stages = {r["stage"]: r for r in rows}
+    assert stages["svd"]["status"] == "ok"
+    assert stages["merge"]["status"] == "ok" and float(stages["merge"]["max_abs_diff"]) <= 1e-5
+    assert any(r["stage"] == "bench-4l-b" and r["status"].startswith("skipped") for r in rows)  # the budget held
+    assert "stage" in proc.stdout and "wrote" in proc.stdout  # the table
