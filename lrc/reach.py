@@ -43,6 +43,7 @@ from torch.nn.utils import parametrize
 
 from lrc.errors import LRCError
 from lrc.names import ARMS, MLP_KINDS
+from lrc.optim import COORDINATES_ATTR
 from lrc.options import check_choice
 from lrc.spectral import compute_bases
 
@@ -51,6 +52,10 @@ DOWN_FACTOR_BUFFER = "lrc_down_factor"
 # and those built on the teacher bases.
 FULL_REACH_ARMS = ("dense", "core", "randcomp")
 BASIS_ARMS = ("core", "confined", "randcomp")
+# How `core`/`randcomp` apply their basis (see module doc): in the optimiser step (the
+# training model holds the deployed weight) or as a parametrisation (rebuilt every forward).
+CORE_IMPLS = ("optimizer", "parametrized")
+COORDINATE_ARMS = ("core", "randcomp")
 
 
 class TeacherTimesFactor(nn.Module):
@@ -118,6 +123,21 @@ class SpectralCoordinates(nn.Module):
         c = torch.zeros(w.shape[0] - a.shape[0], w.shape[1], dtype=w.dtype, device=w.device)
         return torch.cat([a, c], dim=0)
 
+    @torch.no_grad()
+    def coordinates(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The adjoint (= inverse) of :meth:`forward`: a weight-shaped tensor to ``[A; C]``.
+
+        For a gradient it is what autograd computes through :meth:`forward`
+        (``basisᵀ·g`` and, through ``ormqr``'s backward, ``Oᵀ·(Qᵀ·g)[H:]``), in one pass.
+        """
+        g = tensor.T if self.transpose else tensor
+        h = self.basis.shape[1]
+        a = self.basis.T @ g
+        c = torch.ormqr(self.reflectors, self.tau, g, left=True, transpose=True)[h:]
+        if self.rotation is not None:
+            c = self.rotation.T @ c
+        return torch.cat([a, c], dim=0)
+
 
 class ConfinedToTeacherSpace(nn.Module):
     """``W = U_r U_rᵀ C`` on the stored C [d_ff, r] (`confined`)."""
@@ -163,7 +183,22 @@ def down_clone_map(mlp) -> torch.Tensor:
     return mlp.down_proj.parametrizations.weight.original
 
 
-def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0) -> None:
+def _arm_module(arm, bases, layer, k, kind, w0, seed):
+    """The parametrisation module of one MLP matrix for ``arm`` (confined/core/randcomp)."""
+    device = w0.device
+    basis = bases.basis(layer, kind).to(device, w0.dtype)
+    transpose = kind == "down"
+    if arm == "confined":
+        return ConfinedToTeacherSpace(basis, transpose=transpose)
+    refl, tau = bases.complement(layer, kind, device)
+    rotation = None
+    if arm == "randcomp":
+        size = basis.shape[0] - basis.shape[1]
+        rotation = random_rotation(size, seed * 1000 + 3 * layer + k, w0.dtype, device)
+    return SpectralCoordinates(basis, refl.to(w0.dtype), tau.to(w0.dtype), rotation, transpose)
+
+
+def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_impl: str = "optimizer") -> None:
     """Re-parameterise the MLP matrices of a `slice` student as ``arm``, in place.
 
     The deployed weights (hence the function) are those of the warm start, up to float
@@ -171,8 +206,16 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0) -> None:
     needed for core/confined/randcomp and is computed from the teacher when omitted.
     ``seed`` chooses randcomp's random complement basis (layer l, matrix k uses
     ``seed * 1000 + 3 * l + k``).
+
+    ``core_impl`` (core/randcomp only): ``"parametrized"`` registers
+    :class:`SpectralCoordinates` as the weight's parametrisation (trainable ``[A; C]``,
+    W rebuilt in every forward); ``"optimizer"`` (default) keeps W = SpectralCoordinates([A; 0])
+    as a plain trainable weight and attaches the module as its coordinate map
+    (:data:`lrc.optim.COORDINATES_ATTR`), so :class:`lrc.optim.CoordinateAdamW` runs AdamW
+    in ``[A; C]`` once per step: the same trajectory, at dense forward cost.
     """
     check_choice("arm", arm, ARMS)
+    check_choice("core_impl", core_impl, CORE_IMPLS)
     current = arm_of(student)
     if current != "slice":
         raise LRCError(f"apply_arm needs a slice student, this one is already arm {current!r}")
@@ -182,6 +225,7 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0) -> None:
         if bases is None:
             bases = compute_bases(teacher)
         bases.check_matches(teacher)
+    in_optimizer = arm in COORDINATE_ARMS and core_impl == "optimizer"
     for i, layer in enumerate(student.model.layers):
         mlp = layer.mlp
         p_down = mlp.down_proj.parametrizations.weight.original.detach().clone()
@@ -189,22 +233,20 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0) -> None:
             proj = getattr(mlp, f"{kind}_proj")
             w0 = proj.weight.detach().clone()
             parametrize.remove_parametrizations(proj, "weight", leave_parametrized=False)
-            proj.weight = nn.Parameter(w0, requires_grad=True)
             if arm == "dense":
+                proj.weight = nn.Parameter(w0, requires_grad=True)
                 continue
-            device = w0.device
-            basis = bases.basis(i, kind).to(device, w0.dtype)
-            transpose = kind == "down"
-            if arm == "confined":
-                module = ConfinedToTeacherSpace(basis, transpose=transpose)
-            else:
-                refl, tau = bases.complement(i, kind, device)
-                rotation = None
-                if arm == "randcomp":
-                    size = basis.shape[0] - basis.shape[1]
-                    rotation = random_rotation(size, seed * 1000 + 3 * i + k, w0.dtype, device)
-                module = SpectralCoordinates(basis, refl.to(w0.dtype), tau.to(w0.dtype), rotation, transpose)
+            module = _arm_module(arm, bases, i, k, kind, w0, seed)
+            if in_optimizer:
+                with torch.no_grad():  # exactly the parametrised arm's step-0 weight
+                    w = module(module.right_inverse(w0)).contiguous()
+                proj.weight = nn.Parameter(w, requires_grad=True)
+                setattr(proj, COORDINATES_ATTR, module)  # a submodule: moves with .to(), never saved
+                continue
+            proj.weight = nn.Parameter(w0, requires_grad=True)
             parametrize.register_parametrization(proj, "weight", module, unsafe=True)
         mlp.register_buffer(DOWN_FACTOR_BUFFER, p_down.requires_grad_(False), persistent=True)
     student.lrc_info["arm"] = arm
     student.lrc_info["arm_seed"] = seed
+    if arm in COORDINATE_ARMS:
+        student.lrc_info["core_impl"] = core_impl

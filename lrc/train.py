@@ -51,7 +51,9 @@ Decisions, and why:
 - **CPU threads** (``--threads``) are set once, by the command, before it loads anything
   (the teacher load and the SVD use them too); the loop does not set them again.
 - AdamW over trainable parameters only; weight decay applies to matrices (``ndim >= 2``),
-  not to norm weights or biases. Schedules: linear or cosine decay to 0, or constant, each
+  not to norm weights or biases. Weights that carry a coordinate map
+  (:func:`lrc.optim.coordinate_maps`: `core`/`randcomp` MLP weights) are optimised by
+  :class:`lrc.optim.CoordinateAdamW` in those coordinates, once per step. Schedules: linear or cosine decay to 0, or constant, each
   after a linear warm-up over ``warmup`` (a fraction of the steps).
 """
 
@@ -75,6 +77,7 @@ from torch.utils.data import DataLoader, Dataset
 from lrc import checkpoint as ckpt
 from lrc.errors import LRCError
 from lrc.hf import trainable_parameters
+from lrc.optim import CoordinateAdamW, coordinate_maps
 from lrc.options import check_choice
 from lrc.steplog import StepLog
 
@@ -246,10 +249,12 @@ def _optimizer(model: torch.nn.Module, args: TrainArgs, steps: int):
         raise LRCError("the model has no trainable parameters (none with requires_grad=True)")
     decay = [p for _, p in params if p.ndim >= 2]
     no_decay = [p for _, p in params if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=tuple(args.betas), eps=args.eps,
-    )
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    maps = coordinate_maps(model)  # weights the model asks to have optimised in other coordinates
+    if maps:
+        optimizer = CoordinateAdamW(groups, coordinates=maps, lr=args.lr, betas=tuple(args.betas), eps=args.eps)
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=tuple(args.betas), eps=args.eps)
     warmup_steps = math.ceil(args.warmup * steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, warmup_steps, args.schedule))
     return optimizer, scheduler

@@ -1,0 +1,127 @@
+"""AdamW in per-parameter coordinates: the basis change of an arm, once per optimiser step.
+
+Some arms (`core`, `randcomp`: METHOD.md §3) are the *dense* function class trained in other
+coordinates: the deployed weight is ``W = M(q)`` for a fixed orthogonal linear map M
+(``W = [U_r U_perp] · q``), and AdamW, which is not rotation invariant, runs on q. Instead
+of rebuilding W from q in every forward and backward (a parametrisation), the training
+model holds W itself, a plain weight, and :class:`CoordinateAdamW` moves to q and back
+once per step:
+
+* the gradient of W goes to coordinates, ``g_q = M*(g_W)`` (the adjoint, = the inverse,
+  since M is orthogonal; exactly what autograd computes through a parametrisation),
+* AdamW's moments (``exp_avg``, ``exp_avg_sq``) and q itself live in coordinates, in the
+  optimiser state (``state[W]["coordinates"]``, so a checkpoint restores q bitwise),
+* torch's own AdamW step runs on q (the same kernels as on a parametrised tensor), and
+* ``W = M(q)`` is written back.
+
+Gradient clipping is unchanged: it runs on g_W before the step and M is orthogonal, so the
+norm is that of g_q (up to float rounding). Decoupled weight decay shrinks q by
+``1 - lr·wd``, i.e. W by the same factor: the parametrised arm's decay.
+
+The maps are found on the model (:func:`coordinate_maps`): a module whose attribute
+:data:`COORDINATES_ATTR` is a map has its ``weight`` optimised in that map's coordinates.
+A map is any object with ``coordinates(t)`` (``M*``: weight-shaped tensor to coordinates)
+and ``__call__(q)`` (``M``: coordinates to a weight-shaped tensor). A plain optimiser
+that ignores the maps trains such a weight as a dense one.
+
+W is the truth between runs (it is what is saved and merged); between steps the optimiser
+holds q = M*(W) up to rounding, initialised from W at the first step. Code that writes W
+outside the optimiser mid-run (other than a checkpoint restore, which restores both)
+would be undone at the next step.
+
+This module is generic numerics (no arm, no model type): the method layer supplies the
+maps, the training loop builds the optimiser.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Protocol
+
+import torch
+
+from lrc.errors import LRCError
+
+COORDINATES_ATTR = "optimizer_coordinates"
+STATE_KEY = "coordinates"
+
+
+class CoordinateMap(Protocol):
+    def coordinates(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+    def __call__(self, coords: torch.Tensor) -> torch.Tensor: ...
+
+
+def coordinate_maps(model: torch.nn.Module) -> dict[torch.nn.Parameter, CoordinateMap]:
+    """``{weight: map}`` for every trainable module weight that carries a coordinate map."""
+    found = {}
+    for module in model.modules():
+        cmap = getattr(module, COORDINATES_ATTR, None)
+        weight = getattr(module, "weight", None)
+        if cmap is not None and isinstance(weight, torch.nn.Parameter) and weight.requires_grad:
+            found[weight] = cmap
+    return found
+
+
+class CoordinateAdamW(torch.optim.AdamW):
+    """``torch.optim.AdamW`` that optimises the parameters in ``coordinates`` through their maps.
+
+    Every other parameter is handled exactly as by AdamW. See the module doc.
+    """
+
+    def __init__(self, params: Iterable[Any], coordinates: Mapping[torch.Tensor, CoordinateMap] | None = None, **kwargs):
+        super().__init__(params, **kwargs)
+        # Keyed by id: tensors compare elementwise, so they are no safe dict keys of their own.
+        self._maps = {id(p): (p, cmap) for p, cmap in (coordinates or {}).items()}
+        listed = {id(p) for group in self.param_groups for p in group["params"]}
+        stray = [k for k in self._maps if k not in listed]
+        if stray:
+            raise LRCError(f"CoordinateAdamW: {len(stray)} parameter(s) with a coordinate map are not among the optimised ones")
+        for p, _ in self._maps.values():
+            if type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor":
+                raise LRCError("CoordinateAdamW: a parameter with a coordinate map is sharded (FSDP); the basis change needs the "
+                               "whole matrix: use the parametrised implementation (--core-impl parametrized)")
+
+    @property
+    def coordinate_parameters(self) -> int:
+        return len(self._maps)
+
+    def _enter(self) -> list[tuple[dict, int, torch.Tensor, torch.Tensor, CoordinateMap]]:
+        """Put each mapped parameter's coordinates (grad and state) in its place in the groups."""
+        swapped = []
+        for group in self.param_groups:
+            params = group["params"]
+            for i, p in enumerate(params):
+                if id(p) not in self._maps or p.grad is None:
+                    continue
+                cmap = self._maps[id(p)][1]
+                state = self.state.pop(p, {})
+                q = state.pop(STATE_KEY, None)
+                if q is None:
+                    q = cmap.coordinates(p.detach()).contiguous()
+                q.grad = cmap.coordinates(p.grad).contiguous()
+                self.state[q] = state
+                params[i] = q
+                swapped.append((group, i, p, q, cmap))
+        return swapped
+
+    def _leave(self, swapped) -> None:
+        for group, i, p, q, cmap in swapped:
+            group["params"][i] = p
+            state = self.state.pop(q)
+            q.grad = None
+            state[STATE_KEY] = q
+            self.state[p] = state
+            p.copy_(cmap(q))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        swapped = self._enter()
+        try:
+            super().step()
+        finally:
+            self._leave(swapped)
+        return loss
