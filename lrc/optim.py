@@ -56,8 +56,10 @@ def coordinate_maps(model: torch.nn.Module) -> dict[torch.nn.Parameter, Coordina
     found = {}
     for module in model.modules():
         cmap = getattr(module, COORDINATES_ATTR, None)
+        if cmap is None:
+            continue  # and never read a parametrised weight here: that would compute it
         weight = getattr(module, "weight", None)
-        if cmap is not None and isinstance(weight, torch.nn.Parameter) and weight.requires_grad:
+        if isinstance(weight, torch.nn.Parameter) and weight.requires_grad:
             found[weight] = cmap
     return found
 

@@ -18,9 +18,23 @@ so the bases used are the teacher's right singular vectors (row space):
 * `dense`: no parametrisation, a plain trainable ``nn.Parameter`` = merged warm start.
 * `core` (:class:`SpectralCoordinates`): ``W = U_r·A + U_perp·C``, U_r the teacher SVD
   basis, U_perp its Householder completion (see :mod:`lrc.spectral`); ``A = U_rᵀ W0``,
-  ``C = 0``; the trainable tensor is ``[A; C]``.
+  ``C = 0``; AdamW runs on ``[A; C]``.
 * `randcomp`: as `core` with ``U_perp · O``, O a seeded Haar-random orthogonal
   ``(d_ff-H)²`` matrix (materialised: 105 MB fp32 per matrix at Llama-3.2-3B scale).
+
+Where core/randcomp's basis change runs (``core_impl`` of :func:`apply_arm`, recorded in
+``lrc.json``):
+
+* ``"optimizer"`` (default): the training model holds the deployed W as a plain trainable
+  weight (the dense arm's forward and backward, nothing rebuilt) with the
+  :class:`SpectralCoordinates` module attached as its coordinate map
+  (:data:`lrc.optim.COORDINATES_ATTR`); :class:`lrc.optim.CoordinateAdamW` maps the
+  gradient to ``[A; C]`` (:meth:`SpectralCoordinates.coordinates`, the adjoint = inverse),
+  keeps AdamW's moments and the coordinates there and writes ``W = SpectralCoordinates([A; C])``
+  back, once per optimiser step: two ``ormqr`` products per matrix and step instead of two
+  per micro-batch. Same trajectory as the parametrised arm (tests/test_coordinates.py).
+* ``"parametrized"``: the reference: ``[A; C]`` is the stored tensor of a parametrisation,
+  W rebuilt in every forward (and its transpose product in every backward).
 
 The Householder QR of each basis and randcomp's rotations are computed (float64) on the
 student's device when the arm is applied, also on every :func:`lrc.student.load_lrc_state`:

@@ -20,7 +20,8 @@ Complement basis: ``U_perp`` (``d_ff - H`` columns) is NOT the full SVD's; it is
 Householder QR completion of ``U``: with ``U = Q R`` (``torch.geqrf``, float64), Q is the
 product of H Householder reflectors, ``Q[:, :H] = U · diag(±1)`` and ``Q[:, H:]`` is an
 orthonormal basis of the orthogonal complement. It is deterministic for a given U and is
-never materialised: ``U_perp · C`` is computed with ``torch.ormqr`` on ``[0; C]``, which
+never materialised (`core`/`randcomp` apply it once per optimiser step by default,
+:mod:`lrc.optim`): ``U_perp · C`` is computed with ``torch.ormqr`` on ``[0; C]``, which
 costs O(d_ff · H · r) per product and stores only the ``[d_ff, H]`` reflectors (same size
 as U). At Llama-3.1-8B scale a materialised ``d_ff × d_ff`` basis would be 0.8 GB fp32 per
 matrix (×96 matrices); the reflectors are 0.23 GB per matrix, and are rebuilt from U on
