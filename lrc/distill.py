@@ -77,9 +77,9 @@ class DistillArgs(_DistillCommon):
     arm: str = field(metadata={"help": "slice, dense, core, confined or randcomp"})
     warmstart: Path | None = field(default=None, metadata={"help": "LRC state directory of the warm start"})
     student_hidden: int | None = field(default=None, metadata={"help": "student hidden size r, to start from a fresh init (no --warmstart)"})
-    core_impl: Literal["optimizer", "parametrized"] = field(default="optimizer", metadata={
-        "help": "core/randcomp: the basis change in the optimiser step, once per step (optimizer), or a parametrisation rebuilt "
-                "in every forward (parametrized, the reference); same trajectory"})
+    core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={
+        "help": "core/randcomp: the basis change in the optimiser step, once per step (optimizer: ormqr; optimizer-wy: compact-WY "
+                "matrix products, for GPUs), or a parametrisation rebuilt in every forward (parametrized, the reference); same trajectory"})
 
 
 def _recipe(args: RecipeArgs) -> RecipeArgs:

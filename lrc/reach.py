@@ -33,6 +33,16 @@ Where core/randcomp's basis change runs (``core_impl`` of :func:`apply_arm`, rec
   keeps AdamW's moments and the coordinates there and writes ``W = SpectralCoordinates([A; C])``
   back, once per optimiser step: two ``ormqr`` products per matrix and step instead of two
   per micro-batch. Same trajectory as the parametrised arm (tests/test_coordinates.py).
+* ``"optimizer-wy"``: as ``"optimizer"``, with Q applied as ``I - V·T·Vᵀ``
+  (:func:`lrc.spectral.compact_wy`): three plain matrix products instead of ``ormqr``'s
+  sequence of reflections, for GPUs, where ``ormqr`` (fp32 only, no autocast) runs off the
+  tensor cores. Costs T ``[H, H]`` and V ``[d_ff, H]`` per matrix (at Llama-3.2-3B:
+  38 + 100 MB fp32, vs 268 MB for a materialised ``[U_r U_perp]``), and a float64
+  ``VᵀV`` when the arm is applied. Same math, other rounding: on the CPU no faster than
+  ``ormqr`` (d_ff 1536, H 512, r 256: 33/38 ms vs 44/34 ms per product, one thread), and
+  its 50-step trajectory differs from the reference by ~1e-4 (relative), inside the
+  reference's own sensitivity to rounding (see tests/test_coordinates.py); ``"optimizer"``
+  reproduces the reference's ``ormqr`` rounding (~2e-6). Not yet measured on a GPU.
 * ``"parametrized"``: the reference: ``[A; C]`` is the stored tensor of a parametrisation,
   W rebuilt in every forward (and its transpose product in every backward).
 
@@ -59,7 +69,7 @@ from lrc.errors import LRCError
 from lrc.names import ARMS, MLP_KINDS
 from lrc.optim import COORDINATES_ATTR
 from lrc.options import check_choice
-from lrc.spectral import compute_bases
+from lrc.spectral import compact_wy, compute_bases
 
 DOWN_FACTOR_BUFFER = "lrc_down_factor"
 # The arms whose MLP matrices train everywhere (the others stay in the teacher's slice),
@@ -68,7 +78,9 @@ FULL_REACH_ARMS = ("dense", "core", "randcomp")
 BASIS_ARMS = ("core", "confined", "randcomp")
 # How `core`/`randcomp` apply their basis (see module doc): in the optimiser step (the
 # training model holds the deployed weight) or as a parametrisation (rebuilt every forward).
-CORE_IMPLS = ("optimizer", "parametrized")
+# "optimizer-wy": the same, with Q applied in the compact-WY form (three matrix products,
+# lrc.spectral.compact_wy) instead of ormqr: for GPUs (see the module doc).
+CORE_IMPLS = ("optimizer", "optimizer-wy", "parametrized")
 COORDINATE_ARMS = ("core", "randcomp")
 
 
@@ -109,25 +121,44 @@ class SpectralCoordinates(nn.Module):
     """``W = U_r·A + U_perp·(O·C)`` on the stored ``[A; C]`` ([d_ff, r]); `core`/`randcomp`.
 
     ``U_perp`` is ``Q[:, H:]`` of the Householder reflectors ``(reflectors, tau)`` of U_r,
-    applied with ``torch.ormqr`` (never materialised). ``rotation`` (O) is None for `core`.
+    never materialised: applied with ``torch.ormqr``, or, given ``wy = (V, T)``
+    (:func:`lrc.spectral.compact_wy`), as ``Q = I - V·T·Vᵀ`` in three matrix products (the
+    optimiser-step path: tensor-core friendly). ``rotation`` (O) is None for `core`.
     """
 
-    def __init__(self, basis, reflectors, tau, rotation=None, transpose=False):
+    def __init__(self, basis, reflectors, tau, rotation=None, transpose=False, wy=None):
         super().__init__()
         self.register_buffer("basis", basis, persistent=False)
         self.register_buffer("reflectors", reflectors, persistent=False)
         self.register_buffer("tau", tau, persistent=False)
         self.register_buffer("rotation", rotation, persistent=False)
+        self.register_buffer("wy_v", None if wy is None else wy[0], persistent=False)
+        self.register_buffer("wy_t", None if wy is None else wy[1], persistent=False)
         self.transpose = transpose
+
+    def _complement(self, c: torch.Tensor) -> torch.Tensor:
+        """``U_perp · C`` = ``Q · [0; C]``."""
+        h = self.basis.shape[1]
+        if self.wy_v is None:
+            padded = torch.cat([c.new_zeros(h, c.shape[1]), c], dim=0)
+            return torch.ormqr(self.reflectors, self.tau, padded)
+        out = -(self.wy_v @ (self.wy_t @ (self.wy_v[h:].T @ c)))
+        out[h:] += c
+        return out
+
+    def _complement_t(self, g: torch.Tensor) -> torch.Tensor:
+        """``U_perpᵀ · G`` = ``(Qᵀ · G)[H:]``."""
+        h = self.basis.shape[1]
+        if self.wy_v is None:
+            return torch.ormqr(self.reflectors, self.tau, g, left=True, transpose=True)[h:]
+        return g[h:] - self.wy_v[h:] @ (self.wy_t.T @ (self.wy_v.T @ g))
 
     def forward(self, coords: torch.Tensor) -> torch.Tensor:
         h = self.basis.shape[1]
         a, c = coords[:h], coords[h:]
         if self.rotation is not None:
             c = self.rotation @ c
-        # Q · [0; C] = U_perp · C: the complement's coordinates through the reflectors.
-        padded = torch.cat([torch.zeros_like(a), c], dim=0)
-        w = self.basis @ a + torch.ormqr(self.reflectors, self.tau, padded)
+        w = self.basis @ a + self._complement(c)
         return w.T if self.transpose else w
 
     @torch.no_grad()
@@ -145,9 +176,8 @@ class SpectralCoordinates(nn.Module):
         (``basisᵀ·g`` and, through ``ormqr``'s backward, ``Oᵀ·(Qᵀ·g)[H:]``), in one pass.
         """
         g = tensor.T if self.transpose else tensor
-        h = self.basis.shape[1]
         a = self.basis.T @ g
-        c = torch.ormqr(self.reflectors, self.tau, g, left=True, transpose=True)[h:]
+        c = self._complement_t(g)
         if self.rotation is not None:
             c = self.rotation.T @ c
         return torch.cat([a, c], dim=0)
@@ -197,8 +227,9 @@ def down_clone_map(mlp) -> torch.Tensor:
     return mlp.down_proj.parametrizations.weight.original
 
 
-def _arm_module(arm, bases, layer, k, kind, w0, seed):
-    """The parametrisation module of one MLP matrix for ``arm`` (confined/core/randcomp)."""
+def _arm_module(arm, bases, layer, k, kind, w0, seed, wy=False):
+    """The parametrisation module of one MLP matrix for ``arm`` (confined/core/randcomp);
+    ``wy``: core/randcomp apply Q in the compact-WY form (the optimiser-step path)."""
     device = w0.device
     basis = bases.basis(layer, kind).to(device, w0.dtype)
     transpose = kind == "down"
@@ -209,7 +240,8 @@ def _arm_module(arm, bases, layer, k, kind, w0, seed):
     if arm == "randcomp":
         size = basis.shape[0] - basis.shape[1]
         rotation = random_rotation(size, seed * 1000 + 3 * layer + k, w0.dtype, device)
-    return SpectralCoordinates(basis, refl.to(w0.dtype), tau.to(w0.dtype), rotation, transpose)
+    refl, tau = refl.to(w0.dtype), tau.to(w0.dtype)
+    return SpectralCoordinates(basis, refl, tau, rotation, transpose, wy=compact_wy(refl, tau) if wy else None)
 
 
 def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_impl: str = "optimizer") -> None:
@@ -239,7 +271,7 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_imp
         if bases is None:
             bases = compute_bases(teacher)
         bases.check_matches(teacher)
-    in_optimizer = arm in COORDINATE_ARMS and core_impl == "optimizer"
+    in_optimizer = arm in COORDINATE_ARMS and core_impl.startswith("optimizer")
     for i, layer in enumerate(student.model.layers):
         mlp = layer.mlp
         p_down = mlp.down_proj.parametrizations.weight.original.detach().clone()
@@ -250,7 +282,7 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_imp
             if arm == "dense":
                 proj.weight = nn.Parameter(w0, requires_grad=True)
                 continue
-            module = _arm_module(arm, bases, i, k, kind, w0, seed)
+            module = _arm_module(arm, bases, i, k, kind, w0, seed, wy=in_optimizer and core_impl == "optimizer-wy")
             if in_optimizer:
                 with torch.no_grad():  # exactly the parametrised arm's step-0 weight
                     w = module(module.right_inverse(w0)).contiguous()

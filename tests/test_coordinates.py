@@ -37,10 +37,11 @@ def student_of(teacher, bases, arm, core_impl):
     return student
 
 
+@pytest.mark.parametrize("core_impl", ["optimizer", "optimizer-wy"])
 @pytest.mark.parametrize("arm", ["core", "randcomp"])
-def test_the_map_is_orthogonal_and_its_adjoint_is_autograds_gradient(arm):
+def test_the_map_is_orthogonal_and_its_adjoint_is_autograds_gradient(arm, core_impl):
     teacher = make_teacher("llama-untied")
-    student = student_of(teacher, compute_bases(teacher), arm, "optimizer")
+    student = student_of(teacher, compute_bases(teacher), arm, core_impl)
     for kind in ("gate", "down"):
         proj = getattr(student.model.layers[1].mlp, f"{kind}_proj")
         cmap = getattr(proj, COORDINATES_ATTR)
@@ -103,9 +104,12 @@ def test_optimizer_step_basis_change_equals_the_parametrised_arm_over_50_steps(a
     new, _, new_log = run(tmp_path, arm, "optimizer")
     assert isinstance(CoordinateAdamW, type) and coordinate_maps(new) and not coordinate_maps(ref)
     assert len(ref_log) == len(new_log) == 50
-    for key in ("loss", "grad_norm", "gate", "mlp_out"):
+    for key in ("loss", "grad_norm", "ce", "kl", "gate"):
         a, b = torch.tensor([r[key] for r in new_log]), torch.tensor([r[key] for r in ref_log])
         assert ((a - b).abs() / b.abs()).max().item() <= 1e-5, key
+    # mlp_out is 4e-8..4e-6 here: relative at 1e-5, but not below a 1e-10 absolute floor.
+    a, b = torch.tensor([r["mlp_out"] for r in new_log]), torch.tensor([r["mlp_out"] for r in ref_log])
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-10)
     merged_ref, merged_new = merge_student(ref).state_dict(), merge_student(new).state_dict()
     assert merged_ref.keys() == merged_new.keys()
     for name in merged_ref:
@@ -153,3 +157,15 @@ def test_a_parametrised_state_still_loads_as_parametrised(tmp_path, token_batch)
     loaded = load_lrc_state(tmp_path, teacher, bases)
     assert loaded.lrc_info["core_impl"] == "parametrized" and not coordinate_maps(loaded)
     assert torch.equal(loaded(input_ids=token_batch).logits, student(input_ids=token_batch).logits)
+
+
+def test_the_compact_wy_products_follow_the_same_trajectory(tmp_path):
+    # Other rounding than ormqr: ~1e-4 apart after 50 steps here, inside the reference's own
+    # ~3e-4 when only its micro-batch split changes; the loss curve stays within 1e-5.
+    ref, _, ref_log = run(tmp_path, "core", "parametrized")
+    new, _, new_log = run(tmp_path, "core", "optimizer-wy")
+    assert new.model.layers[0].mlp.up_proj.optimizer_coordinates.wy_t is not None
+    a, b = torch.tensor([r["loss"] for r in new_log]), torch.tensor([r["loss"] for r in ref_log])
+    assert ((a - b).abs() / b.abs()).max().item() <= 1e-5
+    merged_ref, merged_new = merge_student(ref).state_dict(), merge_student(new).state_dict()
+    assert max(relative(merged_new[k], merged_ref[k]) for k in merged_ref) <= 1e-3
