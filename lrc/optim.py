@@ -89,6 +89,12 @@ class CoordinateAdamW(torch.optim.AdamW):
 
     def _enter(self) -> list[tuple[dict, int, torch.Tensor, torch.Tensor, CoordinateMap]]:
         """Put each mapped parameter's coordinates (grad and state) in its place in the groups."""
+        listed = {id(p) for group in self.param_groups for p in group["params"]}
+        if any(k not in listed for k in self._maps):
+            # e.g. accelerate's FSDP prepare swapped the parameters for sharded ones: the
+            # mapped weights would silently train as dense ones.
+            raise LRCError("CoordinateAdamW: the parameters with a coordinate map are no longer the optimised ones "
+                           "(replaced after the optimiser was built, as FSDP does); use --core-impl parametrized")
         swapped = []
         for group in self.param_groups:
             params = group["params"]

@@ -15,6 +15,7 @@ import torch
 
 from lrc import checkpoint as ckpt
 from lrc.clone import CloneObjective, RecipeArgs
+from lrc.errors import LRCError
 from lrc.merge import merge_student, save_merged
 from lrc.optim import COORDINATES_ATTR, CoordinateAdamW, coordinate_maps
 from lrc.reach import apply_arm
@@ -169,3 +170,20 @@ def test_the_compact_wy_products_follow_the_same_trajectory(tmp_path):
     assert ((a - b).abs() / b.abs()).max().item() <= 1e-5
     merged_ref, merged_new = merge_student(ref).state_dict(), merge_student(new).state_dict()
     assert max(relative(merged_new[k], merged_ref[k]) for k in merged_ref) <= 1e-3
+
+
+def test_parameters_swapped_after_construction_are_refused():
+    class Identity:
+        def coordinates(self, t):
+            return t.clone()
+
+        def __call__(self, q):
+            return q
+
+    w = torch.nn.Parameter(torch.randn(3, 2))
+    opt = CoordinateAdamW([w], coordinates={w: Identity()}, lr=0.1)
+    other = torch.nn.Parameter(w.detach().clone())
+    opt.param_groups[0]["params"][0] = other  # as accelerate's FSDP prepare does
+    other.grad = torch.ones_like(other)
+    with pytest.raises(LRCError, match="parametrized"):
+        opt.step()
