@@ -54,7 +54,7 @@ from lrc.optim import coordinate_maps
 from lrc.options import check_choice, parse_args
 from lrc.pretrain import load_model_config
 from lrc.provenance import provenance, to_jsonable
-from lrc.reach import apply_arm
+from lrc.reach import CORE_IMPLS, apply_arm
 from lrc.student import build_student, student_config
 from lrc.train import TrainArgs, train
 
@@ -68,7 +68,7 @@ class BenchArgs:
     teacher: Path = field(metadata={"help": "teacher checkpoint directory, or a config JSON (random weights)"})
     student_hidden: int = field(metadata={"help": "student hidden size r"})
     out: Path = field(metadata={"help": "CSV file to write"})
-    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={"help": "arms to time (kd, the baseline, is always added)"})
+    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={"help": "arms to time (kd, the baseline, is always added); ARM:IMPL (core:parametrized) times an arm with another --core-impl"})
     recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe of the arms"})
     batch_size: int = field(default=8, metadata={"help": "sequences per micro-batch (one forward)"})
     micro_batches: int = field(default=1, metadata={"help": "micro-batches per optimiser step (gradient accumulation)"})
@@ -158,8 +158,9 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
         student = type(teacher)(student_config(teacher.config, args.student_hidden))
         objective = KDObjective(teacher, student, temperature=recipe.temperature, kl_reduction=recipe.kl_reduction)
     else:
+        name, _, impl = arm.partition(":")  # "core:parametrized": one arm, another core_impl
         student = build_student(teacher, args.student_hidden, seed=args.seed)
-        apply_arm(student, teacher, arm, seed=args.seed, core_impl=args.core_impl)
+        apply_arm(student, teacher, name, seed=args.seed, core_impl=impl or args.core_impl)
         objective = CloneObjective(teacher, student, recipe)
     calls = _count_parametrisation_calls(student)
     total_steps = args.steps + args.warmup_steps
@@ -216,7 +217,10 @@ def _quantile(xs: list[float], q: float) -> float:
 
 def bench(args: BenchArgs) -> list[dict]:
     for arm in args.arms:
-        check_choice("arm", arm, ARMS)
+        name, _, impl = arm.partition(":")
+        check_choice("arm", name, ARMS)
+        if impl:
+            check_choice(f"core_impl of {arm}", impl, CORE_IMPLS)
     for name in ("batch_size", "micro_batches", "seq_len", "steps", "repeats", "threads", "student_hidden"):
         if getattr(args, name) < 1:
             raise LRCError(f"--{name.replace('_', '-')} must be >= 1")
@@ -273,10 +277,10 @@ def write_csv(rows: list[dict], context: dict, path: Path) -> None:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'arm':<10}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}{'trainable':>12}{'p-calls':>9}{'o-maps':>8}"
+    head = f"{'arm':<20}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}{'trainable':>12}{'p-calls':>9}{'o-maps':>8}"
     lines = [head]
     for r in rows:
-        lines.append(f"{r['arm']:<10}{r['step_time_ms']:>10.1f}{r['step_time_iqr_ms']:>9.1f}{r['time_ratio_to_kd']:>7.2f}{r['step_cpu_ms']:>9.1f}{r['cpu_ratio_to_kd']:>7.2f}"
+        lines.append(f"{r['arm']:<20}{r['step_time_ms']:>10.1f}{r['step_time_iqr_ms']:>9.1f}{r['time_ratio_to_kd']:>7.2f}{r['step_cpu_ms']:>9.1f}{r['cpu_ratio_to_kd']:>7.2f}"
                      f"{r['peak_memory_mib']:>10.0f}{r['step_memory_mib']:>10.0f}{r['memory_ratio_to_kd']:>7.2f}"
                      f"{r['trainable_params']:>12,}{r['parametrisation_calls_per_step']:>9.0f}{r['optimizer_coordinate_maps']:>8}")
     return "\n".join(lines)

@@ -38,6 +38,8 @@ def test_bench_rejects_an_unknown_arm(tmp_path):
 
     with pytest.raises(LRCError, match="unknown arm 'nope'"):
         bench(BenchArgs(teacher=tmp_path, student_hidden=8, out=tmp_path / "x.csv", arms=["nope"]))
+    with pytest.raises(LRCError, match="lazy"):
+        bench(BenchArgs(teacher=tmp_path, student_hidden=8, out=tmp_path / "x.csv", arms=["core:lazy"]))
 
 
 def test_bench_micro_batches_and_the_core_basis_change_in_the_optimiser(tmp_path):
