@@ -54,7 +54,8 @@ from lrc.optim import coordinate_maps
 from lrc.options import check_choice, parse_args
 from lrc.pretrain import load_model_config
 from lrc.provenance import provenance, to_jsonable
-from lrc.reach import CORE_IMPLS, apply_arm
+from lrc.reach import BASIS_ARMS, CORE_IMPLS, apply_arm
+from lrc.spectral import load_bases
 from lrc.student import build_student, student_config
 from lrc.train import TrainArgs, train
 
@@ -81,6 +82,8 @@ class BenchArgs:
     precision: Literal["auto", "fp32", "bf16"] = field(default="auto", metadata={"help": "as in training: auto = fp32 on CPU, bf16 on GPU"})
     seed: int = field(default=0, metadata={"help": "seed of the random teacher, the students and the data"})
     allow_pickle: bool = field(default=False, metadata={"help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
+    bases: Path | None = field(default=None, metadata={"help": "teacher bases directory for core/confined/randcomp (default: the SVD of the teacher, "
+                                                                "costly at large widths; any orthonormal bases of the right shapes time the same)"})
 
 
 def _proc_status_mib(key: str) -> float | None:
@@ -160,7 +163,8 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     else:
         name, _, impl = arm.partition(":")  # "core:parametrized": one arm, another core_impl
         student = build_student(teacher, args.student_hidden, seed=args.seed)
-        apply_arm(student, teacher, name, seed=args.seed, core_impl=impl or args.core_impl)
+        bases = load_bases(args.bases) if args.bases is not None and name in BASIS_ARMS else None
+        apply_arm(student, teacher, name, bases=bases, seed=args.seed, core_impl=impl or args.core_impl)
         objective = CloneObjective(teacher, student, recipe)
     calls = _count_parametrisation_calls(student)
     total_steps = args.steps + args.warmup_steps
@@ -191,7 +195,7 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
 
 def _worker(payload: str) -> None:
     spec = json.loads(payload)
-    args = BenchArgs(**{k: (Path(v) if k in ("teacher", "out") else v) for k, v in spec["args"].items()})
+    args = BenchArgs(**{k: (Path(v) if k in ("teacher", "out", "bases") and v is not None else v) for k, v in spec["args"].items()})
     with tempfile.TemporaryDirectory(prefix="lrc-bench-") as work:
         result = run_one(spec["arm"], args, Path(work))
     print("LRC_BENCH_RESULT " + json.dumps(result), flush=True)
