@@ -29,6 +29,14 @@ holds q = M*(W) up to rounding, initialised from W at the first step. Code that 
 outside the optimiser mid-run (other than a checkpoint restore, which restores both)
 would be undone at the next step.
 
+Several processes (DDP) share the work: weight j's basis changes run on process
+``j % P`` only, which broadcasts the mapped gradient and then the new W (two broadcasts of
+the weight's size per step, like the gradient all-reduce); AdamW itself, cheap and
+elementwise, runs everywhere, so every process holds the whole optimiser state and a
+checkpoint is the same as with one process. The values are those every process would
+compute itself (same kernels, same inputs). :attr:`CoordinateAdamW.coordinate_share`
+says how the work is divided (the training summary records it).
+
 This module is generic numerics (no arm, no model type): the method layer supplies the
 maps, the training loop builds the optimiser.
 """
@@ -49,6 +57,23 @@ class CoordinateMap(Protocol):
     def coordinates(self, tensor: torch.Tensor) -> torch.Tensor: ...
 
     def __call__(self, coords: torch.Tensor) -> torch.Tensor: ...
+
+
+def _world() -> tuple[int, int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _share_from_owners(jobs) -> None:
+    """Each ``(tensor, owner)``: broadcast the owner's values to every process (no-op alone)."""
+    world, _ = _world()
+    if world == 1:
+        return
+    handles = [torch.distributed.broadcast(t, src=owner, async_op=True) for t, owner in jobs]
+    for h in handles:
+        h.wait()
 
 
 def coordinate_maps(model: torch.nn.Module) -> dict[torch.nn.Parameter, CoordinateMap]:
@@ -84,8 +109,11 @@ class CoordinateAdamW(torch.optim.AdamW):
                                "whole matrix: use the parametrised implementation (--core-impl parametrized)")
 
     @property
-    def coordinate_parameters(self) -> int:
-        return len(self._maps)
+    def coordinate_share(self) -> dict[str, int]:
+        """How the basis changes are divided: mapped weights in all, and this process's share."""
+        world, rank = _world()
+        return {"maps": len(self._maps), "this_process": sum(1 for j in range(len(self._maps)) if j % world == rank),
+                "processes": world}
 
     def _enter(self) -> list[tuple[dict, int, torch.Tensor, torch.Tensor, CoordinateMap]]:
         """Put each mapped parameter's coordinates (grad and state) in its place in the groups."""
@@ -95,31 +123,40 @@ class CoordinateAdamW(torch.optim.AdamW):
             # mapped weights would silently train as dense ones.
             raise LRCError("CoordinateAdamW: the parameters with a coordinate map are no longer the optimised ones "
                            "(replaced after the optimiser was built, as FSDP does); use --core-impl parametrized")
-        swapped = []
+        world, rank = _world()
+        owner_of = {k: j % world for j, k in enumerate(self._maps)}
+        swapped, jobs = [], []
         for group in self.param_groups:
             params = group["params"]
             for i, p in enumerate(params):
                 if id(p) not in self._maps or p.grad is None:
                     continue
-                cmap = self._maps[id(p)][1]
+                cmap, owner = self._maps[id(p)][1], owner_of[id(p)]
                 state = self.state.pop(p, {})
                 q = state.pop(STATE_KEY, None)
                 if q is None:
                     q = cmap.coordinates(p.detach()).contiguous()
-                q.grad = cmap.coordinates(p.grad).contiguous()
+                # Processes share the basis changes: the owner of a weight maps its (all-reduced,
+                # identical everywhere) gradient and sends it; AdamW then runs everywhere.
+                q.grad = cmap.coordinates(p.grad).contiguous() if owner == rank else torch.empty_like(q)
+                jobs.append((q.grad, owner))
                 self.state[q] = state
                 params[i] = q
-                swapped.append((group, i, p, q, cmap))
+                swapped.append((group, i, p, q, cmap, owner))
+        _share_from_owners(jobs)
         return swapped
 
     def _leave(self, swapped) -> None:
-        for group, i, p, q, cmap in swapped:
+        _, rank = _world()
+        for group, i, p, q, cmap, owner in swapped:
             group["params"][i] = p
             state = self.state.pop(q)
             q.grad = None
             state[STATE_KEY] = q
             self.state[p] = state
-            p.copy_(cmap(q))
+            if owner == rank:
+                p.copy_(cmap(q))
+        _share_from_owners([(p.data, owner) for _, _, p, _, _, owner in swapped])
 
     @torch.no_grad()
     def step(self, closure=None):

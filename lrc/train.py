@@ -385,6 +385,9 @@ def finish(run: Run, log: StepLog, start_step: int, resumed_from: str | None) ->
         "tokens_per_s": trained * run.tokens_per_step / wall if trained > 0 else None,
         "peak_memory_mib": peak_memory_mib(run.device), "mixed_precision": run.mixed, "device": str(run.device),
     }
+    share = getattr(getattr(run.optimizer, "optimizer", run.optimizer), "coordinate_share", None)
+    if share is not None:
+        summary["optimizer_coordinates"] = share  # basis changes in the optimiser step, per process
     if run.steps == 0 and resumed_from is None:
         # Nothing trained: still leave a final state, so a rerun finds the job done.
         ckpt.save_checkpoint(acc, run.bare, run.ckpt_dir, 0, run.fingerprint, run.fsdp)
