@@ -134,31 +134,31 @@ class SpectralCoordinates(nn.Module):
         self.register_buffer("rotation", rotation, persistent=False)
         self.register_buffer("wy_v", None if wy is None else wy[0], persistent=False)
         self.register_buffer("wy_t", None if wy is None else wy[1], persistent=False)
+        # Q[:, :H] = U_r·diag(s), s the signs of R's diagonal (R = diag(±1): U_r is orthonormal).
+        signs = None if wy is None else torch.where(torch.diagonal(reflectors) < 0, -1.0, 1.0).to(basis.dtype)
+        self.register_buffer("wy_s", signs, persistent=False)
         self.transpose = transpose
 
     def _complement(self, c: torch.Tensor) -> torch.Tensor:
-        """``U_perp · C`` = ``Q · [0; C]``."""
+        """``U_perp · C`` = ``Q · [0; C]`` (ormqr)."""
         h = self.basis.shape[1]
-        if self.wy_v is None:
-            padded = torch.cat([c.new_zeros(h, c.shape[1]), c], dim=0)
-            return torch.ormqr(self.reflectors, self.tau, padded)
-        out = -(self.wy_v @ (self.wy_t @ (self.wy_v[h:].T @ c)))
-        out[h:] += c
-        return out
+        padded = torch.cat([c.new_zeros(h, c.shape[1]), c], dim=0)
+        return torch.ormqr(self.reflectors, self.tau, padded)
 
-    def _complement_t(self, g: torch.Tensor) -> torch.Tensor:
-        """``U_perpᵀ · G`` = ``(Qᵀ · G)[H:]``."""
-        h = self.basis.shape[1]
-        if self.wy_v is None:
-            return torch.ormqr(self.reflectors, self.tau, g, left=True, transpose=True)[h:]
-        return g[h:] - self.wy_v[h:] @ (self.wy_t.T @ (self.wy_v.T @ g))
+    def _q(self, x: torch.Tensor, transpose: bool) -> torch.Tensor:
+        """``Q·x`` or ``Qᵀ·x`` in the compact-WY form: three matrix products."""
+        t = self.wy_t.T if transpose else self.wy_t
+        return x - self.wy_v @ (t @ (self.wy_v.T @ x))
 
     def forward(self, coords: torch.Tensor) -> torch.Tensor:
         h = self.basis.shape[1]
         a, c = coords[:h], coords[h:]
         if self.rotation is not None:
             c = self.rotation @ c
-        w = self.basis @ a + self._complement(c)
+        if self.wy_v is None:
+            w = self.basis @ a + self._complement(c)
+        else:  # U_r = Q[:, :H]·diag(s): the whole [U_r U_perp]·[A; C] is one product with Q
+            w = self._q(torch.cat([self.wy_s[:, None] * a, c], dim=0), transpose=False)
         return w.T if self.transpose else w
 
     @torch.no_grad()
@@ -176,8 +176,13 @@ class SpectralCoordinates(nn.Module):
         (``basisᵀ·g`` and, through ``ormqr``'s backward, ``Oᵀ·(Qᵀ·g)[H:]``), in one pass.
         """
         g = tensor.T if self.transpose else tensor
-        a = self.basis.T @ g
-        c = self._complement_t(g)
+        h = self.basis.shape[1]
+        if self.wy_v is None:
+            a = self.basis.T @ g
+            c = torch.ormqr(self.reflectors, self.tau, g, left=True, transpose=True)[h:]
+        else:
+            full = self._q(g, transpose=True)
+            a, c = self.wy_s[:, None] * full[:h], full[h:]
         if self.rotation is not None:
             c = self.rotation.T @ c
         return torch.cat([a, c], dim=0)
