@@ -33,16 +33,19 @@ Where core/randcomp's basis change runs (``core_impl`` of :func:`apply_arm`, rec
   keeps AdamW's moments and the coordinates there and writes ``W = SpectralCoordinates([A; C])``
   back, once per optimiser step: two ``ormqr`` products per matrix and step instead of two
   per micro-batch. Same trajectory as the parametrised arm (tests/test_coordinates.py).
-* ``"optimizer-wy"``: as ``"optimizer"``, with Q applied as ``I - V·T·Vᵀ``
-  (:func:`lrc.spectral.compact_wy`): three plain matrix products instead of ``ormqr``'s
-  sequence of reflections, for GPUs, where ``ormqr`` (fp32 only, no autocast) runs off the
-  tensor cores. Costs T ``[H, H]`` and V ``[d_ff, H]`` per matrix (at Llama-3.2-3B:
-  38 + 100 MB fp32, vs 268 MB for a materialised ``[U_r U_perp]``), and a float64
-  ``VᵀV`` when the arm is applied. Same math, other rounding: on the CPU no faster than
-  ``ormqr`` (d_ff 1536, H 512, r 256: 33/38 ms vs 44/34 ms per product, one thread), and
-  its 50-step trajectory differs from the reference by ~1e-4 (relative), inside the
-  reference's own sensitivity to rounding (see tests/test_coordinates.py); ``"optimizer"``
-  reproduces the reference's ``ormqr`` rounding (~2e-6). Not yet measured on a GPU.
+* ``"optimizer-wy"``: as ``"optimizer"``, with the whole ``[U_r U_perp]·[A; C]`` applied as
+  one product with ``Q = I - V·T·Vᵀ`` (:func:`lrc.spectral.compact_wy`; ``U_r =
+  Q[:, :H]·diag(s)``): three plain matrix products, ``4·d_ff·H·r + 2·H²·r`` flops per map
+  instead of ``ormqr``'s sequence of reflections plus the ``U_r`` product; meant for GPUs,
+  where ``ormqr`` (fp32 only, no autocast) runs off the tensor cores. Costs T ``[H, H]`` and
+  V ``[d_ff, H]`` per matrix (at Llama-3.2-3B: 38 + 100 MB fp32, vs 268 MB for a
+  materialised ``[U_r U_perp]``), and a float64 ``VᵀV`` when the arm is applied (2.8 s
+  per matrix on one CPU thread at Llama-3.2-3B widths, as the QR). Measured on one CPU
+  thread at those widths (d_ff 8192, H 3072, r 1536), per matrix and step (both maps):
+  2.15 s vs 3.36 s with ``ormqr``. Same math, other rounding: its 50-step trajectory
+  differs from the reference by ~1e-4 (relative), inside the reference's own sensitivity
+  to rounding (tests/test_coordinates.py), where ``"optimizer"`` reproduces the
+  reference's ``ormqr`` rounding (~2e-6). Not yet measured on a GPU.
 * ``"parametrized"``: the reference: ``[A; C]`` is the stored tensor of a parametrisation,
   W rebuilt in every forward (and its transpose product in every backward).
 
