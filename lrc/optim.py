@@ -45,9 +45,10 @@ is that of the coordinates' gradient (‖Π·g‖, ‖g·T‖), not of g_W, so t
 on g_W would change their trajectory; the optimiser would have to own clipping. `slice`
 also has coordinates with gradient paths that do not go through W (the tied P_emb feeds
 two weights, P_down the mlp-out clone target). What is at stake: confined's projection
-is 17 % of the dense step there, slice's MLP products 9 %, and the attention/embedding/head
-factor products that every LRC arm pays per micro-batch 27 % (kd -> dense): the next
-candidate, with the optimiser owning clipping and maps over several weights.
+costs 17 % of the dense step there and slice's MLP products 9 %; everything an LRC arm adds
+to plain KD (dense over kd: 27 %: the attention/embedding/head factor products, once per
+micro-batch, and the clone terms) holds the larger share, so the next candidate is those
+factors, with the optimiser owning clipping and maps over several weights.
 
 This module is generic numerics (no arm, no model type): the method layer supplies the
 maps, the training loop builds the optimiser.
