@@ -19,7 +19,10 @@ of the run, the kernel's mark reset after the imports), the part of it above the
 at that point (what the models and the step cost; the memory ratio to kd is taken on this
 part), trainable parameters, and how many
 times the parametrisations are evaluated per step (each parametrised weight should be
-materialised once per forward). ``--teacher`` is a checkpoint directory or a config JSON
+materialised once per forward), and how many weights the optimiser steps in other
+coordinates (`core`/`randcomp` with ``--core-impl optimizer``: one basis change per such
+weight and step, none in the forward). ``--micro-batches N`` accumulates N forwards of
+``--batch-size`` sequences per optimiser step, as training does. ``--teacher`` is a checkpoint directory or a config JSON
 (a random teacher of that shape, seeded: enough for timing).
 """
 
@@ -47,10 +50,12 @@ from lrc.errors import LRCError
 from lrc.hf import load_teacher
 from lrc.names import ARMS, MAIN_ARMS
 from lrc.objectives import KDObjective
+from lrc.optim import coordinate_maps
 from lrc.options import check_choice, parse_args
 from lrc.pretrain import load_model_config
 from lrc.provenance import provenance, to_jsonable
-from lrc.reach import apply_arm
+from lrc.reach import BASIS_ARMS, CORE_IMPLS, apply_arm
+from lrc.spectral import load_bases
 from lrc.student import build_student, student_config
 from lrc.train import TrainArgs, train
 
@@ -64,9 +69,11 @@ class BenchArgs:
     teacher: Path = field(metadata={"help": "teacher checkpoint directory, or a config JSON (random weights)"})
     student_hidden: int = field(metadata={"help": "student hidden size r"})
     out: Path = field(metadata={"help": "CSV file to write"})
-    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={"help": "arms to time (kd, the baseline, is always added)"})
+    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={"help": "arms to time (kd, the baseline, is always added); ARM:IMPL (core:parametrized) times an arm with another --core-impl"})
     recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe of the arms"})
-    batch_size: int = field(default=8, metadata={"help": "sequences per step (one micro-batch)"})
+    batch_size: int = field(default=8, metadata={"help": "sequences per micro-batch (one forward)"})
+    micro_batches: int = field(default=1, metadata={"help": "micro-batches per optimiser step (gradient accumulation)"})
+    core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={"help": "core/randcomp: basis change in the optimiser step or a parametrisation (lrc.reach.apply_arm)"})
     seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
     steps: int = field(default=10, metadata={"help": "measured steps per run"})
     warmup_steps: int = field(default=3, metadata={"help": "steps run first and not measured"})
@@ -75,6 +82,8 @@ class BenchArgs:
     precision: Literal["auto", "fp32", "bf16"] = field(default="auto", metadata={"help": "as in training: auto = fp32 on CPU, bf16 on GPU"})
     seed: int = field(default=0, metadata={"help": "seed of the random teacher, the students and the data"})
     allow_pickle: bool = field(default=False, metadata={"help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
+    bases: Path | None = field(default=None, metadata={"help": "teacher bases directory for core/confined/randcomp (default: the SVD of the teacher, "
+                                                                "costly at large widths; any orthonormal bases of the right shapes time the same)"})
 
 
 def _proc_status_mib(key: str) -> float | None:
@@ -152,19 +161,22 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
         student = type(teacher)(student_config(teacher.config, args.student_hidden))
         objective = KDObjective(teacher, student, temperature=recipe.temperature, kl_reduction=recipe.kl_reduction)
     else:
+        name, _, impl = arm.partition(":")  # "core:parametrized": one arm, another core_impl
         student = build_student(teacher, args.student_hidden, seed=args.seed)
-        apply_arm(student, teacher, arm, seed=args.seed)
+        bases = load_bases(args.bases) if args.bases is not None and name in BASIS_ARMS else None
+        apply_arm(student, teacher, name, bases=bases, seed=args.seed, core_impl=impl or args.core_impl)
         objective = CloneObjective(teacher, student, recipe)
     calls = _count_parametrisation_calls(student)
     total_steps = args.steps + args.warmup_steps
-    data = RandomRows(args.batch_size * total_steps, args.seq_len, teacher.config.vocab_size, args.seed)
-    targs = TrainArgs(tokens=total_steps * args.batch_size * args.seq_len, batch_size=args.batch_size, micro_batch_size=args.batch_size,
+    per_step = args.batch_size * args.micro_batches
+    data = RandomRows(per_step * total_steps, args.seq_len, teacher.config.vocab_size, args.seed)
+    targs = TrainArgs(tokens=total_steps * per_step * args.seq_len, batch_size=per_step, micro_batch_size=args.batch_size,
                       lr=1e-4, warmup=0.0, log_every=1, threads=args.threads, precision=args.precision, seed=args.seed,
                       progress=False, ckpt_dir=work / "ckpt")
     summary = train(objective, student, data, targs, work / "out")
     on_gpu = torch.device(summary["device"]).type == "cuda"
     records = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
-    tokens_per_step = args.batch_size * args.seq_len
+    tokens_per_step = per_step * args.seq_len
     times = [tokens_per_step / r["tokens_per_s"] for r in records[args.warmup_steps:]]
     cpu_times = [r["cpu_s_per_step"] for r in records[args.warmup_steps:]]
     return {
@@ -176,13 +188,14 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
         "base_memory_mib": 0.0 if on_gpu else base_rss,
         "trainable_params": sum(p.numel() for p in student.parameters() if p.requires_grad),
         "parametrisation_calls_per_step": calls[0] / total_steps,
+        "optimizer_coordinate_maps": len(coordinate_maps(student)),
         "device": summary["device"],
     }
 
 
 def _worker(payload: str) -> None:
     spec = json.loads(payload)
-    args = BenchArgs(**{k: (Path(v) if k in ("teacher", "out") else v) for k, v in spec["args"].items()})
+    args = BenchArgs(**{k: (Path(v) if k in ("teacher", "out", "bases") and v is not None else v) for k, v in spec["args"].items()})
     with tempfile.TemporaryDirectory(prefix="lrc-bench-") as work:
         result = run_one(spec["arm"], args, Path(work))
     print("LRC_BENCH_RESULT " + json.dumps(result), flush=True)
@@ -208,8 +221,11 @@ def _quantile(xs: list[float], q: float) -> float:
 
 def bench(args: BenchArgs) -> list[dict]:
     for arm in args.arms:
-        check_choice("arm", arm, ARMS)
-    for name in ("batch_size", "seq_len", "steps", "repeats", "threads", "student_hidden"):
+        name, _, impl = arm.partition(":")
+        check_choice("arm", name, ARMS)
+        if impl:
+            check_choice(f"core_impl of {arm}", impl, CORE_IMPLS)
+    for name in ("batch_size", "micro_batches", "seq_len", "steps", "repeats", "threads", "student_hidden"):
         if getattr(args, name) < 1:
             raise LRCError(f"--{name.replace('_', '-')} must be >= 1")
     arms = [BASELINE] + [a for a in dict.fromkeys(args.arms) if a != BASELINE]
@@ -230,11 +246,12 @@ def bench(args: BenchArgs) -> list[dict]:
             "step_time_ms": 1000 * statistics.median(times),
             "step_time_iqr_ms": 1000 * (_quantile(times, 0.75) - _quantile(times, 0.25)),
             "step_cpu_ms": 1000 * statistics.median(cpu),
-            "tokens_per_s": args.batch_size * args.seq_len / statistics.median(times),
+            "tokens_per_s": args.batch_size * args.micro_batches * args.seq_len / statistics.median(times),
             "peak_memory_mib": peak,
             "step_memory_mib": above,
             "trainable_params": runs[arm][0]["trainable_params"],
             "parametrisation_calls_per_step": runs[arm][0]["parametrisation_calls_per_step"],
+            "optimizer_coordinate_maps": runs[arm][0]["optimizer_coordinate_maps"],
             "measured_steps": len(times),
         })
     base = rows[0]
@@ -249,7 +266,8 @@ def describe(args: BenchArgs, device: str) -> dict:
     teacher = load_bench_teacher(args.teacher, args.seed, args.allow_pickle)
     c = teacher.config
     return {"teacher_hidden": c.hidden_size, "d_ff": c.intermediate_size, "layers": c.num_hidden_layers, "vocab": c.vocab_size,
-            "student_hidden": args.student_hidden, "batch_size": args.batch_size, "seq_len": args.seq_len,
+            "student_hidden": args.student_hidden, "batch_size": args.batch_size, "micro_batches": args.micro_batches,
+            "seq_len": args.seq_len, "core_impl": args.core_impl,
             "threads": args.threads, "device": device, "recipe": args.recipe}
 
 
@@ -263,12 +281,12 @@ def write_csv(rows: list[dict], context: dict, path: Path) -> None:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'arm':<10}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}{'trainable':>12}{'p-calls':>9}"
+    head = f"{'arm':<20}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}{'trainable':>12}{'p-calls':>9}{'o-maps':>8}"
     lines = [head]
     for r in rows:
-        lines.append(f"{r['arm']:<10}{r['step_time_ms']:>10.1f}{r['step_time_iqr_ms']:>9.1f}{r['time_ratio_to_kd']:>7.2f}{r['step_cpu_ms']:>9.1f}{r['cpu_ratio_to_kd']:>7.2f}"
+        lines.append(f"{r['arm']:<20}{r['step_time_ms']:>10.1f}{r['step_time_iqr_ms']:>9.1f}{r['time_ratio_to_kd']:>7.2f}{r['step_cpu_ms']:>9.1f}{r['cpu_ratio_to_kd']:>7.2f}"
                      f"{r['peak_memory_mib']:>10.0f}{r['step_memory_mib']:>10.0f}{r['memory_ratio_to_kd']:>7.2f}"
-                     f"{r['trainable_params']:>12,}{r['parametrisation_calls_per_step']:>9.0f}")
+                     f"{r['trainable_params']:>12,}{r['parametrisation_calls_per_step']:>9.0f}{r['optimizer_coordinate_maps']:>8}")
     return "\n".join(lines)
 
 

@@ -11,6 +11,10 @@
 Both run on the loop of :mod:`lrc.train` with :class:`lrc.clone.CloneObjective`, so they
 resume after a kill and run under ``accelerate launch``. ``--seed`` seeds the data order,
 the random complement of ``randcomp`` and (without a warm start) the factor init.
+``--core-impl`` (core/randcomp) chooses where the basis change runs (:func:`lrc.reach.apply_arm`):
+``optimizer`` (default; dense forward, AdamW in the arm's coordinates, :mod:`lrc.optim`) or
+``parametrized`` (the reference). A restart with the other one does not resume the
+checkpoints (their trainable tensors differ).
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ class DistillArgs(_DistillCommon):
     arm: str = field(metadata={"help": ", ".join(ARMS)})
     warmstart: Path | None = field(default=None, metadata={"help": "LRC state directory of the warm start"})
     student_hidden: int | None = field(default=None, metadata={"help": "student hidden size r, to start from a fresh init (no --warmstart)"})
+    core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={
+        "help": "core/randcomp: the basis change in the optimiser step, once per step (optimizer: ormqr; optimizer-wy: compact-WY "
+                "matrix products, for GPUs), or a parametrisation rebuilt in every forward (parametrized, the reference); same trajectory"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -129,7 +136,7 @@ def main_distill(argv: Sequence[str] | None = None) -> int:
             raise LRCError(f"--warmstart {args.warmstart} holds a {arm_of(student)!r} student; a warm start is a slice student")
     else:
         student = build_student(teacher, args.student_hidden, init=args.init, init_std=args.init_std, bases=bases, seed=args.seed, norm_eps=args.norm_eps)
-    apply_arm(student, teacher, args.arm, bases=bases, seed=args.seed)
+    apply_arm(student, teacher, args.arm, bases=bases, seed=args.seed, core_impl=args.core_impl)
     _train_and_save("distill", args, teacher, student, dataset, arm=args.arm, warmstart=str(args.warmstart) if args.warmstart else None)
     return 0
 

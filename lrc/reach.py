@@ -18,9 +18,36 @@ so the bases used are the teacher's right singular vectors (row space):
 * `dense`: no parametrisation, a plain trainable ``nn.Parameter`` = merged warm start.
 * `core` (:class:`SpectralCoordinates`): ``W = U_r·A + U_perp·C``, U_r the teacher SVD
   basis, U_perp its Householder completion (see :mod:`lrc.spectral`); ``A = U_rᵀ W0``,
-  ``C = 0``; the trainable tensor is ``[A; C]``.
+  ``C = 0``; AdamW runs on ``[A; C]``.
 * `randcomp`: as `core` with ``U_perp · O``, O a seeded Haar-random orthogonal
   ``(d_ff-H)²`` matrix (materialised: 105 MB fp32 per matrix at Llama-3.2-3B scale).
+
+Where core/randcomp's basis change runs (``core_impl`` of :func:`apply_arm`, recorded in
+``lrc.json``):
+
+* ``"optimizer"`` (default): the training model holds the deployed W as a plain trainable
+  weight (the dense arm's forward and backward, nothing rebuilt) with the
+  :class:`SpectralCoordinates` module attached as its coordinate map
+  (:data:`lrc.optim.COORDINATES_ATTR`); :class:`lrc.optim.CoordinateAdamW` maps the
+  gradient to ``[A; C]`` (:meth:`SpectralCoordinates.coordinates`, the adjoint = inverse),
+  keeps AdamW's moments and the coordinates there and writes ``W = SpectralCoordinates([A; C])``
+  back, once per optimiser step: two ``ormqr`` products per matrix and step instead of two
+  per micro-batch. Same trajectory as the parametrised arm (tests/test_coordinates.py).
+* ``"optimizer-wy"``: as ``"optimizer"``, with the whole ``[U_r U_perp]·[A; C]`` applied as
+  one product with ``Q = I - V·T·Vᵀ`` (:func:`lrc.spectral.compact_wy`; ``U_r =
+  Q[:, :H]·diag(s)``): three plain matrix products, ``4·d_ff·H·r + 2·H²·r`` flops per map
+  instead of ``ormqr``'s sequence of reflections plus the ``U_r`` product; meant for GPUs,
+  where ``ormqr`` (fp32 only, no autocast) runs off the tensor cores. Costs T ``[H, H]`` and
+  V ``[d_ff, H]`` per matrix (at Llama-3.2-3B: 38 + 100 MB fp32, vs 268 MB for a
+  materialised ``[U_r U_perp]``), and a float64 ``VᵀV`` when the arm is applied (2.8 s
+  per matrix on one CPU thread at Llama-3.2-3B widths, as the QR). Measured on one CPU
+  thread at those widths (d_ff 8192, H 3072, r 1536), per matrix and step (both maps):
+  2.15 s vs 3.36 s with ``ormqr``. Same math, other rounding: its 50-step trajectory
+  differs from the reference by ~1e-4 (relative), inside the reference's own sensitivity
+  to rounding (tests/test_coordinates.py), where ``"optimizer"`` reproduces the
+  reference's ``ormqr`` rounding (~2e-6). Not yet measured on a GPU.
+* ``"parametrized"``: the reference: ``[A; C]`` is the stored tensor of a parametrisation,
+  W rebuilt in every forward (and its transpose product in every backward).
 
 The Householder QR of each basis and randcomp's rotations are computed (float64) on the
 student's device when the arm is applied, also on every :func:`lrc.student.load_lrc_state`:
@@ -43,14 +70,21 @@ from torch.nn.utils import parametrize
 
 from lrc.errors import LRCError
 from lrc.names import ARMS, MLP_KINDS
+from lrc.optim import COORDINATES_ATTR
 from lrc.options import check_choice
-from lrc.spectral import compute_bases
+from lrc.spectral import compact_wy, compute_bases
 
 DOWN_FACTOR_BUFFER = "lrc_down_factor"
 # The arms whose MLP matrices train everywhere (the others stay in the teacher's slice),
 # and those built on the teacher bases.
 FULL_REACH_ARMS = ("dense", "core", "randcomp")
 BASIS_ARMS = ("core", "confined", "randcomp")
+# How `core`/`randcomp` apply their basis (see module doc): in the optimiser step (the
+# training model holds the deployed weight) or as a parametrisation (rebuilt every forward).
+# "optimizer-wy": the same, with Q applied in the compact-WY form (three matrix products,
+# lrc.spectral.compact_wy) instead of ormqr: for GPUs (see the module doc).
+CORE_IMPLS = ("optimizer", "optimizer-wy", "parametrized")
+COORDINATE_ARMS = ("core", "randcomp")
 
 
 class TeacherTimesFactor(nn.Module):
@@ -90,25 +124,44 @@ class SpectralCoordinates(nn.Module):
     """``W = U_r·A + U_perp·(O·C)`` on the stored ``[A; C]`` ([d_ff, r]); `core`/`randcomp`.
 
     ``U_perp`` is ``Q[:, H:]`` of the Householder reflectors ``(reflectors, tau)`` of U_r,
-    applied with ``torch.ormqr`` (never materialised). ``rotation`` (O) is None for `core`.
+    never materialised: applied with ``torch.ormqr``, or, given ``wy = (V, T)``
+    (:func:`lrc.spectral.compact_wy`), as ``Q = I - V·T·Vᵀ`` in three matrix products (the
+    optimiser-step path: tensor-core friendly). ``rotation`` (O) is None for `core`.
     """
 
-    def __init__(self, basis, reflectors, tau, rotation=None, transpose=False):
+    def __init__(self, basis, reflectors, tau, rotation=None, transpose=False, wy=None):
         super().__init__()
         self.register_buffer("basis", basis, persistent=False)
         self.register_buffer("reflectors", reflectors, persistent=False)
         self.register_buffer("tau", tau, persistent=False)
         self.register_buffer("rotation", rotation, persistent=False)
+        self.register_buffer("wy_v", None if wy is None else wy[0], persistent=False)
+        self.register_buffer("wy_t", None if wy is None else wy[1], persistent=False)
+        # Q[:, :H] = U_r·diag(s), s the signs of R's diagonal (R = diag(±1): U_r is orthonormal).
+        signs = None if wy is None else torch.where(torch.diagonal(reflectors) < 0, -1.0, 1.0).to(basis.dtype)
+        self.register_buffer("wy_s", signs, persistent=False)
         self.transpose = transpose
+
+    def _complement(self, c: torch.Tensor) -> torch.Tensor:
+        """``U_perp · C`` = ``Q · [0; C]`` (ormqr)."""
+        h = self.basis.shape[1]
+        padded = torch.cat([c.new_zeros(h, c.shape[1]), c], dim=0)
+        return torch.ormqr(self.reflectors, self.tau, padded)
+
+    def _q(self, x: torch.Tensor, transpose: bool) -> torch.Tensor:
+        """``Q·x`` or ``Qᵀ·x`` in the compact-WY form: three matrix products."""
+        t = self.wy_t.T if transpose else self.wy_t
+        return x - self.wy_v @ (t @ (self.wy_v.T @ x))
 
     def forward(self, coords: torch.Tensor) -> torch.Tensor:
         h = self.basis.shape[1]
         a, c = coords[:h], coords[h:]
         if self.rotation is not None:
             c = self.rotation @ c
-        # Q · [0; C] = U_perp · C: the complement's coordinates through the reflectors.
-        padded = torch.cat([torch.zeros_like(a), c], dim=0)
-        w = self.basis @ a + torch.ormqr(self.reflectors, self.tau, padded)
+        if self.wy_v is None:
+            w = self.basis @ a + self._complement(c)
+        else:  # U_r = Q[:, :H]·diag(s): the whole [U_r U_perp]·[A; C] is one product with Q
+            w = self._q(torch.cat([self.wy_s[:, None] * a, c], dim=0), transpose=False)
         return w.T if self.transpose else w
 
     @torch.no_grad()
@@ -116,6 +169,25 @@ class SpectralCoordinates(nn.Module):
         w = weight.T if self.transpose else weight
         a = self.basis.T @ w
         c = torch.zeros(w.shape[0] - a.shape[0], w.shape[1], dtype=w.dtype, device=w.device)
+        return torch.cat([a, c], dim=0)
+
+    @torch.no_grad()
+    def coordinates(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The adjoint (= inverse) of :meth:`forward`: a weight-shaped tensor to ``[A; C]``.
+
+        For a gradient it is what autograd computes through :meth:`forward`
+        (``basisᵀ·g`` and, through ``ormqr``'s backward, ``Oᵀ·(Qᵀ·g)[H:]``), in one pass.
+        """
+        g = tensor.T if self.transpose else tensor
+        h = self.basis.shape[1]
+        if self.wy_v is None:
+            a = self.basis.T @ g
+            c = torch.ormqr(self.reflectors, self.tau, g, left=True, transpose=True)[h:]
+        else:
+            full = self._q(g, transpose=True)
+            a, c = self.wy_s[:, None] * full[:h], full[h:]
+        if self.rotation is not None:
+            c = self.rotation.T @ c
         return torch.cat([a, c], dim=0)
 
 
@@ -163,7 +235,24 @@ def down_clone_map(mlp) -> torch.Tensor:
     return mlp.down_proj.parametrizations.weight.original
 
 
-def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0) -> None:
+def _arm_module(arm, bases, layer, k, kind, w0, seed, wy=False):
+    """The parametrisation module of one MLP matrix for ``arm`` (confined/core/randcomp);
+    ``wy``: core/randcomp apply Q in the compact-WY form (the optimiser-step path)."""
+    device = w0.device
+    basis = bases.basis(layer, kind).to(device, w0.dtype)
+    transpose = kind == "down"
+    if arm == "confined":
+        return ConfinedToTeacherSpace(basis, transpose=transpose)
+    refl, tau = bases.complement(layer, kind, device)
+    rotation = None
+    if arm == "randcomp":
+        size = basis.shape[0] - basis.shape[1]
+        rotation = random_rotation(size, seed * 1000 + 3 * layer + k, w0.dtype, device)
+    refl, tau = refl.to(w0.dtype), tau.to(w0.dtype)
+    return SpectralCoordinates(basis, refl, tau, rotation, transpose, wy=compact_wy(refl, tau) if wy else None)
+
+
+def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_impl: str = "optimizer") -> None:
     """Re-parameterise the MLP matrices of a `slice` student as ``arm``, in place.
 
     The deployed weights (hence the function) are those of the warm start, up to float
@@ -171,8 +260,16 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0) -> None:
     needed for core/confined/randcomp and is computed from the teacher when omitted.
     ``seed`` chooses randcomp's random complement basis (layer l, matrix k uses
     ``seed * 1000 + 3 * l + k``).
+
+    ``core_impl`` (core/randcomp only): ``"parametrized"`` registers
+    :class:`SpectralCoordinates` as the weight's parametrisation (trainable ``[A; C]``,
+    W rebuilt in every forward); ``"optimizer"`` (default) keeps W = SpectralCoordinates([A; 0])
+    as a plain trainable weight and attaches the module as its coordinate map
+    (:data:`lrc.optim.COORDINATES_ATTR`), so :class:`lrc.optim.CoordinateAdamW` runs AdamW
+    in ``[A; C]`` once per step: the same trajectory, at dense forward cost.
     """
     check_choice("arm", arm, ARMS)
+    check_choice("core_impl", core_impl, CORE_IMPLS)
     current = arm_of(student)
     if current != "slice":
         raise LRCError(f"apply_arm needs a slice student, this one is already arm {current!r}")
@@ -182,6 +279,7 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0) -> None:
         if bases is None:
             bases = compute_bases(teacher)
         bases.check_matches(teacher)
+    in_optimizer = arm in COORDINATE_ARMS and core_impl.startswith("optimizer")
     for i, layer in enumerate(student.model.layers):
         mlp = layer.mlp
         p_down = mlp.down_proj.parametrizations.weight.original.detach().clone()
@@ -189,22 +287,20 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0) -> None:
             proj = getattr(mlp, f"{kind}_proj")
             w0 = proj.weight.detach().clone()
             parametrize.remove_parametrizations(proj, "weight", leave_parametrized=False)
-            proj.weight = nn.Parameter(w0, requires_grad=True)
             if arm == "dense":
+                proj.weight = nn.Parameter(w0, requires_grad=True)
                 continue
-            device = w0.device
-            basis = bases.basis(i, kind).to(device, w0.dtype)
-            transpose = kind == "down"
-            if arm == "confined":
-                module = ConfinedToTeacherSpace(basis, transpose=transpose)
-            else:
-                refl, tau = bases.complement(i, kind, device)
-                rotation = None
-                if arm == "randcomp":
-                    size = basis.shape[0] - basis.shape[1]
-                    rotation = random_rotation(size, seed * 1000 + 3 * i + k, w0.dtype, device)
-                module = SpectralCoordinates(basis, refl.to(w0.dtype), tau.to(w0.dtype), rotation, transpose)
+            module = _arm_module(arm, bases, i, k, kind, w0, seed, wy=in_optimizer and core_impl == "optimizer-wy")
+            if in_optimizer:
+                with torch.no_grad():  # exactly the parametrised arm's step-0 weight
+                    w = module(module.right_inverse(w0)).contiguous()
+                proj.weight = nn.Parameter(w, requires_grad=True)
+                setattr(proj, COORDINATES_ATTR, module)  # a submodule: moves with .to(), never saved
+                continue
+            proj.weight = nn.Parameter(w0, requires_grad=True)
             parametrize.register_parametrization(proj, "weight", module, unsafe=True)
         mlp.register_buffer(DOWN_FACTOR_BUFFER, p_down.requires_grad_(False), persistent=True)
     student.lrc_info["arm"] = arm
     student.lrc_info["arm_seed"] = seed
+    if arm in COORDINATE_ARMS:
+        student.lrc_info["core_impl"] = core_impl

@@ -20,7 +20,8 @@ Complement basis: ``U_perp`` (``d_ff - H`` columns) is NOT the full SVD's; it is
 Householder QR completion of ``U``: with ``U = Q R`` (``torch.geqrf``, float64), Q is the
 product of H Householder reflectors, ``Q[:, :H] = U · diag(±1)`` and ``Q[:, H:]`` is an
 orthonormal basis of the orthogonal complement. It is deterministic for a given U and is
-never materialised: ``U_perp · C`` is computed with ``torch.ormqr`` on ``[0; C]``, which
+never materialised (`core`/`randcomp` apply it once per optimiser step by default,
+:mod:`lrc.optim`): ``U_perp · C`` is computed with ``torch.ormqr`` on ``[0; C]``, which
 costs O(d_ff · H · r) per product and stores only the ``[d_ff, H]`` reflectors (same size
 as U). At Llama-3.1-8B scale a materialised ``d_ff × d_ff`` basis would be 0.8 GB fp32 per
 matrix (×96 matrices); the reflectors are 0.23 GB per matrix, and are rebuilt from U on
@@ -111,6 +112,25 @@ class TeacherBases:
             made_from = self.meta.get("teacher", "a teacher directory not recorded")
             raise LRCError(f"{self.source} were computed from another teacher ({made_from}, weights fingerprint {recorded}) "
                            f"than the teacher in use (fingerprint {actual}); rerun `lrc svd` on this teacher")
+
+
+def compact_wy(reflectors: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(V, T)`` with ``Q = I - V·T·Vᵀ`` for ``torch.geqrf``'s reflectors (the compact-WY form).
+
+    V ``[d_ff, H]`` is unit lower trapezoidal (the reflectors below the diagonal), T ``[H, H]``
+    upper triangular with ``T⁻¹ = diag(1/tau) + striu(VᵀV)``; computed in float64 from the
+    given (float32) reflectors, so it is the Q that ``torch.ormqr`` applies, returned in their
+    dtype. Products with Q are then three plain matrix products (tensor cores on a GPU)
+    instead of H sequential reflections. None when a tau is 0 (a trivial reflector).
+    """
+    if bool((tau == 0).any()):
+        return None
+    h = reflectors.shape[1]
+    v = torch.tril(reflectors.double(), -1)
+    v[:h] += torch.eye(h, dtype=v.dtype, device=v.device)
+    t_inv = torch.triu(v.T @ v, 1) + torch.diag(1.0 / tau.double())
+    t = torch.linalg.solve_triangular(t_inv, torch.eye(h, dtype=v.dtype, device=v.device), upper=True)
+    return v.to(reflectors.dtype).contiguous(), t.to(reflectors.dtype).contiguous()
 
 
 def _fix_signs(vectors: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,12 @@ final norm gain is not folded in. At r = H this is the teacher exactly (up to ro
 
 LRC state directory: ``student.safetensors`` (trainable tensors, frozen biases, the
 full-reach arms' P_down buffer; shared tensors stored once) and ``lrc.json`` (arm, r, eps,
-seed and the caller's metadata); no teacher weight is ever written.
+seed and the caller's metadata); no teacher weight is ever written. For core/randcomp,
+``lrc.json`` records ``core_impl``: ``optimizer`` states hold the deployed MLP weights
+(``mlp.*_proj.weight``, what the run trained and merges bitwise), ``parametrized`` states
+(and states without the key, written before it existed) hold ``[A; C]``
+(``mlp.*_proj.parametrizations.weight.original``); :func:`load_lrc_state` rebuilds the one
+recorded.
 """
 
 from __future__ import annotations
@@ -250,7 +255,8 @@ def load_lrc_state(state_dir: str | Path, teacher, bases=None):
         raise LRCError(f"{state_dir} has no {STATE_FILE}")
     check_safetensors(path, "LRC student state")
     student = build_student(teacher, info["student_hidden"], init="normal", seed=info.get("seed", 0), norm_eps=info["norm_eps"])
-    apply_arm(student, teacher, arm, bases=bases, seed=info.get("arm_seed", 0))
+    # States written before the optimiser-step basis change hold core/randcomp's [A; C].
+    apply_arm(student, teacher, arm, bases=bases, seed=info.get("arm_seed", 0), core_impl=info.get("core_impl", "parametrized"))
     for key in ("init", "init_std", "seed"):
         if key in info:
             student.lrc_info[key] = info[key]

@@ -52,7 +52,9 @@ Decisions, and why:
 - **CPU threads** (``--threads``) are set once, by the command, before it loads anything
   (the teacher load and the SVD use them too); the loop does not set them again.
 - AdamW over trainable parameters only; weight decay applies to matrices (``ndim >= 2``),
-  not to norm weights or biases. Schedules: linear or cosine decay to 0, or constant, each
+  not to norm weights or biases. Weights that carry a coordinate map
+  (:func:`lrc.optim.coordinate_maps`: `core`/`randcomp` MLP weights) are optimised by
+  :class:`lrc.optim.CoordinateAdamW` in those coordinates, once per step. Schedules: linear or cosine decay to 0, or constant, each
   after a linear warm-up over ``warmup`` (a fraction of the steps).
 """
 
@@ -77,6 +79,7 @@ from lrc import checkpoint as ckpt
 from lrc import sharding
 from lrc.errors import LRCError
 from lrc.hf import trainable_parameters
+from lrc.optim import CoordinateAdamW, coordinate_maps
 from lrc.options import check_choice
 from lrc.steplog import StepLog
 
@@ -250,10 +253,12 @@ def _optimizer(model: torch.nn.Module, args: TrainArgs, steps: int):
         raise LRCError("the model has no trainable parameters (none with requires_grad=True)")
     decay = [p for _, p in params if p.ndim >= 2]
     no_decay = [p for _, p in params if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=tuple(args.betas), eps=args.eps,
-    )
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    maps = coordinate_maps(model)  # weights the model asks to have optimised in other coordinates
+    if maps:
+        optimizer = CoordinateAdamW(groups, coordinates=maps, lr=args.lr, betas=tuple(args.betas), eps=args.eps)
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=tuple(args.betas), eps=args.eps)
     warmup_steps = math.ceil(args.warmup * steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, warmup_steps, args.schedule))
     return optimizer, scheduler
@@ -387,6 +392,9 @@ def finish(run: Run, log: StepLog, start_step: int, resumed_from: str | None) ->
         "tokens_per_s": trained * run.tokens_per_step / wall if trained > 0 else None,
         "peak_memory_mib": peak_memory_mib(run.device), "mixed_precision": run.mixed, "device": str(run.device),
     }
+    share = getattr(getattr(run.optimizer, "optimizer", run.optimizer), "coordinate_share", None)
+    if share is not None:
+        summary["optimizer_coordinates"] = share  # basis changes in the optimiser step, per process
     if run.steps == 0 and resumed_from is None:
         # Nothing trained: still leave a final state, so a rerun finds the job done.
         ckpt.save_checkpoint(acc, run.bare, run.ckpt_dir, 0, run.fingerprint, run.fsdp)

@@ -8,7 +8,8 @@ import torch
 from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
 from lrc.names import ARMS
-from lrc.reach import apply_arm
+from lrc.optim import CoordinateAdamW, coordinate_maps
+from lrc.reach import CORE_IMPLS, apply_arm
 from lrc.spectral import compute_bases, mlp_teacher_matrix
 from lrc.student import build_student, trainable_parameters
 from tests.helpers import make_teacher
@@ -17,18 +18,24 @@ R = 16
 H, D_FF = 32, 96
 
 
-def arm_student(teacher, arm, bases, seed=0):
+def arm_student(teacher, arm, bases, seed=0, core_impl="optimizer"):
     student = build_student(teacher, R, seed=seed)
-    apply_arm(student, teacher, arm, bases=bases, seed=7)
+    apply_arm(student, teacher, arm, bases=bases, seed=7, core_impl=core_impl)
     return student
+
+
+def adamw(student, **kwargs):
+    """AdamW as the training loop builds it: in the arm's coordinates where it has a map."""
+    return CoordinateAdamW([p for _, p in trainable_parameters(student)], coordinates=coordinate_maps(student), **kwargs)
 
 
 def test_all_arms_compute_the_warm_start_at_step_zero(teacher, token_batch):
     bases = compute_bases(teacher)
     batch = {"input_ids": token_batch, "loss_mask": torch.ones_like(token_batch, dtype=torch.bool)}
     ref_logits, ref_terms = None, None
-    for arm in ARMS:
-        student = arm_student(teacher, arm, bases)
+    for arm in ARMS + tuple(f"{a}:parametrized" for a in ("core", "randcomp")):
+        name, _, impl = arm.partition(":")
+        student = arm_student(teacher, name, bases, core_impl=impl or "optimizer")
         logits = student(input_ids=token_batch).logits
         with torch.no_grad():
             _, terms = CloneObjective(teacher, student, RecipeArgs()).loss(batch)
@@ -48,10 +55,11 @@ def mlp_trainable_counts(student):
     return counts
 
 
+@pytest.mark.parametrize("core_impl", CORE_IMPLS)
 @pytest.mark.parametrize("arm", ARMS)
-def test_trainable_numbers_per_mlp_matrix(arm):
+def test_trainable_numbers_per_mlp_matrix(arm, core_impl):
     teacher = make_teacher("llama-untied")
-    student = arm_student(teacher, arm, compute_bases(teacher))
+    student = arm_student(teacher, arm, compute_bases(teacher), core_impl=core_impl)
     want = H * R if arm == "slice" else D_FF * R
     assert mlp_trainable_counts(student) == {"gate_proj": want, "up_proj": want, "down_proj": want}
     # attention, embedding and norms are plain LRC in every arm
@@ -71,14 +79,15 @@ def outside_teacher_space(student, teacher, bases):
     return worst
 
 
-def test_reachability_after_training(token_batch):
+@pytest.mark.parametrize("core_impl", CORE_IMPLS)
+def test_reachability_after_training(token_batch, core_impl):
     teacher = make_teacher("qwen2-untied")
     bases = compute_bases(teacher)
     batch = {"input_ids": token_batch}
     for arm in ARMS:
-        student = arm_student(teacher, arm, bases)
+        student = arm_student(teacher, arm, bases, core_impl=core_impl)
         objective = CloneObjective(teacher, student, RecipeArgs())
-        opt = torch.optim.AdamW([p for _, p in trainable_parameters(student)], lr=1e-2)
+        opt = adamw(student, lr=1e-2)
         for _ in range(3):
             total, _ = objective.loss(batch)
             opt.zero_grad()
@@ -91,19 +100,20 @@ def test_reachability_after_training(token_batch):
             assert outside > 1e-4, (arm, outside)
 
 
+@pytest.mark.parametrize("core_impl", CORE_IMPLS)
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
-def test_core_is_dense_in_rotated_coordinates(opt_name, token_batch):
+def test_core_is_dense_in_rotated_coordinates(opt_name, token_batch, core_impl):
     teacher = make_teacher("llama-tied")
     bases = compute_bases(teacher)
     batch = {"input_ids": token_batch}
     weights = {}
     for arm in ("dense", "core"):
-        student = arm_student(teacher, arm, bases)
+        student = arm_student(teacher, arm, bases, core_impl=core_impl)
         objective = CloneObjective(teacher, student, RecipeArgs())
         if opt_name == "sgd":
             opt = torch.optim.SGD([p for _, p in trainable_parameters(student)], lr=20.0, momentum=0.0)
         else:
-            opt = torch.optim.AdamW([p for _, p in trainable_parameters(student)], lr=1e-2, weight_decay=0.0)
+            opt = adamw(student, lr=1e-2, weight_decay=0.0)
         total, _ = objective.loss(batch)
         opt.zero_grad()
         total.backward()
@@ -118,14 +128,15 @@ def test_core_is_dense_in_rotated_coordinates(opt_name, token_batch):
         assert diff > 1e-3  # AdamW is not rotation invariant
 
 
-def test_randcomp_basis_is_seeded_and_differs_from_core(token_batch):
+@pytest.mark.parametrize("core_impl", CORE_IMPLS)
+def test_randcomp_basis_is_seeded_and_differs_from_core(token_batch, core_impl):
     teacher = make_teacher("llama-untied")
     bases = compute_bases(teacher)
 
     def trained(arm, seed):
         student = build_student(teacher, R)
-        apply_arm(student, teacher, arm, bases=bases, seed=seed)
-        opt = torch.optim.AdamW([p for _, p in trainable_parameters(student)], lr=1e-2)
+        apply_arm(student, teacher, arm, bases=bases, seed=seed, core_impl=core_impl)
+        opt = adamw(student, lr=1e-2)
         total, _ = CloneObjective(teacher, student, RecipeArgs()).loss({"input_ids": token_batch})
         total.backward()
         opt.step()

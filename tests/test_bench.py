@@ -38,3 +38,25 @@ def test_bench_rejects_an_unknown_arm(tmp_path):
 
     with pytest.raises(LRCError, match="unknown arm 'nope'"):
         bench(BenchArgs(teacher=tmp_path, student_hidden=8, out=tmp_path / "x.csv", arms=["nope"]))
+    with pytest.raises(LRCError, match="lazy"):
+        bench(BenchArgs(teacher=tmp_path, student_hidden=8, out=tmp_path / "x.csv", arms=["core:lazy"]))
+
+
+def test_bench_micro_batches_and_the_core_basis_change_in_the_optimiser(tmp_path):
+    from lrc.bench import main
+
+    cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True}
+    (tmp_path / "teacher.json").write_text(json.dumps(cfg))
+    rows = {}
+    for impl in ("optimizer", "parametrized"):
+        out = tmp_path / f"{impl}.csv"
+        assert main(["--teacher", str(tmp_path / "teacher.json"), "--student-hidden", "16", "--arms", "core", "--core-impl", impl,
+                     "--micro-batches", "2", "--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2",
+                     "--seq-len", "16", "--out", str(out)]) == 0
+        rows[impl] = {r["arm"]: r for r in csv.DictReader(out.open())}["core"]
+    # The optimiser path rebuilds no MLP weight in the forward (as dense: 10 materialisations per
+    # step of 2 micro-batches -> 20) and steps its 6 MLP weights in the arm's coordinates.
+    assert float(rows["optimizer"]["parametrisation_calls_per_step"]) == 2 * 10 and rows["optimizer"]["optimizer_coordinate_maps"] == "6"
+    assert float(rows["parametrized"]["parametrisation_calls_per_step"]) == 2 * 16 and rows["parametrized"]["optimizer_coordinate_maps"] == "0"
+    assert rows["optimizer"]["micro_batches"] == "2" and rows["optimizer"]["trainable_params"] == rows["parametrized"]["trainable_params"]

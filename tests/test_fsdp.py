@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 
 from lrc import checkpoint as ckpt
 from lrc.names import ARMS
+from lrc.reach import COORDINATE_ARMS
 from tests.helpers import make_teacher, make_tokenizer, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +59,11 @@ def flags(root: Path, out: Path, *extra: str) -> list[str]:
 
 
 def distill_flags(root: Path, out: Path, arm: str, steps: int = STEPS, *extra: str) -> list[str]:
-    return flags(root, out, "--warmstart", str(root / "ws"), "--arm", arm, "--tokens", str(steps * BATCH * SEQ), "--seed", "1", *extra)
+    # FSDP2 shards the MLP matrices, and the optimizer-step basis change needs them whole: core
+    # and randcomp run with their parametrised implementation under FSDP (both processes counts
+    # alike, so the comparison is like for like).
+    impl = ["--core-impl", "parametrized"] if arm in COORDINATE_ARMS else []
+    return flags(root, out, "--warmstart", str(root / "ws"), "--arm", arm, "--tokens", str(steps * BATCH * SEQ), "--seed", "1", *impl, *extra)
 
 
 def launch(*args: str) -> list[str]:
@@ -218,7 +223,7 @@ def placement(out: Path, kind: str) -> None:
 
     teacher = make_teacher(kind)
     student = build_student(teacher, 16, seed=0)
-    apply_arm(student, teacher, "core")
+    apply_arm(student, teacher, "core", core_impl="parametrized")
     objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
     r = setup(objective, student, RandomTokens(rows=16), TrainArgs(tokens=0, batch_size=4, micro_batch_size=2, precision="bf16"), out / "ckpt")
     desc = lambda t: {"dtensor": isinstance(t, DTensor), "shape": list(t.shape), "requires_grad": t.requires_grad,  # noqa: E731

@@ -78,6 +78,9 @@ def test_two_processes_follow_one_process(tmp_path, kind):
     s2 = json.loads((tmp_path / "p2" / "summary.json").read_text())
     assert (s1["num_processes"], s1["grad_accumulation"]) == (1, 4)
     assert (s2["num_processes"], s2["grad_accumulation"]) == (2, 2)
+    if kind == "clone":  # core's basis changes, in the optimiser step, divided between the processes
+        assert s1["optimizer_coordinates"] == {"maps": 6, "this_process": 6, "processes": 1}
+        assert s2["optimizer_coordinates"] == {"maps": 6, "this_process": 3, "processes": 2}
     c1, c2 = _curve(tmp_path / "p1"), _curve(tmp_path / "p2")
     assert len(c1) == len(c2) == STEPS
     assert c1[-1] < c1[0]  # it trained
