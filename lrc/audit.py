@@ -19,7 +19,6 @@ loadable copy of the student with exactly that part projected away.
 from __future__ import annotations
 
 import csv
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from lrc.hf import (
     SUPPORTED_MODEL_TYPES,
     load_causal_lm,
     load_teacher,
+    read_json_object,
     save_causal_lm,
     tokenizer_if_any,
 )
@@ -50,12 +50,7 @@ def read_teacher_config(path: str | Path) -> dict:
     file = p / "config.json" if p.is_dir() else p
     if not file.is_file():
         raise LRCError(f"teacher {p}: no config.json found")
-    try:
-        cfg = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise LRCError(f"teacher config {file} is not valid JSON: {err}") from err
-    if not isinstance(cfg, dict):
-        raise LRCError(f"teacher config {file} is not a JSON object")
+    cfg = read_json_object(file, "teacher config")
     if cfg.get("model_type") not in SUPPORTED_MODEL_TYPES:
         raise LRCError(f"unsupported teacher model_type {cfg.get('model_type')!r} in {file}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):

@@ -69,13 +69,18 @@ def read_config(directory: str | os.PathLike, role: str = "model") -> dict:
     file = d / CONFIG_FILE
     if not file.is_file():
         raise LRCError(f"{role} {d} has no {CONFIG_FILE}")
+    return read_json_object(file, f"{role} config")
+
+
+def read_json_object(file: Path, what: str) -> dict:
+    """A JSON object from ``file``, or an LRCError naming it (``what`` says what it is)."""
     try:
-        config = json.loads(file.read_text())
+        data = json.loads(Path(file).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise LRCError(f"{role} config {file} is not valid JSON: {err}") from err
-    if not isinstance(config, dict):
-        raise LRCError(f"{role} config {file} is not a JSON object")
-    return config
+        raise LRCError(f"{what} {file} is not valid JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise LRCError(f"{what} {file} is not a JSON object")
+    return data
 
 
 def check_safetensors(path: str | os.PathLike, role: str = "weights") -> Path:

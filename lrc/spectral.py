@@ -45,7 +45,6 @@ Llama-3.2-3B scale (10 GB in float32), against ~77 CPU-minutes for the SVDs.
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +54,7 @@ from safetensors.torch import load_file, save_file
 
 from lrc.atomic import atomic_file, write_json_atomic
 from lrc.errors import LRCError
-from lrc.hf import check_safetensors
+from lrc.hf import check_safetensors, read_json_object
 from lrc.names import MLP_KINDS
 
 BASES_FILE = "bases.safetensors"
@@ -215,13 +214,7 @@ def save_bases(bases: TeacherBases, out_dir: str | Path) -> Path:
 def _read_bases_meta(path: Path) -> dict:
     if not path.is_file():
         return {}
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise LRCError(f"teacher bases metadata {path} is not valid JSON: {err}") from err
-    if not isinstance(meta, dict):
-        raise LRCError(f"teacher bases metadata {path} is not a JSON object")
-    return meta
+    return read_json_object(path, "teacher bases metadata")
 
 
 def load_bases(directory: str | Path, teacher=None) -> TeacherBases:

@@ -54,6 +54,7 @@ from lrc.hf import (
     SUPPORTED_MODEL_TYPES,
     check_safetensors,
     freeze_teacher,
+    read_json_object,
     trainable_parameters,  # noqa: F401  (re-exported: the tests' import)
 )
 from lrc.options import check_choice
@@ -227,12 +228,7 @@ def read_lrc_meta(state_dir: str | Path) -> dict:
     path = Path(state_dir) / STATE_META
     if not path.is_file():
         raise LRCError(f"{state_dir} is not an LRC state directory (missing {STATE_META})")
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise LRCError(f"LRC state metadata {path} is not valid JSON: {err}") from err
-    if not isinstance(info, dict):
-        raise LRCError(f"LRC state metadata {path} is not a JSON object")
+    info = read_json_object(path, "LRC state metadata")
     missing = [k for k in ("arm", "student_hidden", "norm_eps") if k not in info]
     if missing:
         raise LRCError(f"LRC state metadata {path} lacks {', '.join(missing)}")
