@@ -151,9 +151,9 @@ def _kill_job_after(cmd: list[str], ckpt_dir: Path, after_step: int, timeout: fl
         proc.wait(30)
 
 
+# Once, on the tied Llama: the sharded tie is the delicate part.
+@pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
 def test_fsdp2_killed_and_restarted_equals_uninterrupted(world, tmp_path):
-    if not world.name.startswith("llama-tied"):
-        pytest.skip("kill/restart runs once, on the tied Llama (the sharded tie is the delicate part)")
     steps = 40
     cmd = lambda out: launch("-m", "lrc.cli", "distill", *distill_flags(world, out, "core", steps, "--checkpoint-every", "5", "--log-every", "5"))  # noqa: E731
     run(cmd(tmp_path / "straight"))
