@@ -8,7 +8,6 @@ tokenizer, ``metrics.jsonl`` and ``settings.json``. Same seed and data, same wei
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,7 +17,7 @@ import torch
 from lrc.atomic import atomic_dir
 from lrc.checkpoint import copy_metrics
 from lrc.errors import LRCError
-from lrc.hf import load_tokenizer
+from lrc.hf import load_tokenizer, read_json_object
 from lrc.objectives import LMObjective
 from lrc.options import parse_args
 from lrc.provenance import write_settings
@@ -44,10 +43,7 @@ class PretrainArgs(TrainArgs):
 def load_model_config(path: Path):
     from transformers import AutoConfig
 
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise LRCError(f"--model-config {path}: cannot read JSON: {err}") from err
+    data = read_json_object(Path(path), "--model-config")
     model_type = data.pop("model_type", None)
     if not model_type:
         raise LRCError(f"--model-config {path}: no model_type (e.g. \"llama\")")

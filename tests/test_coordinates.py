@@ -56,14 +56,17 @@ def test_the_map_is_orthogonal_and_its_adjoint_is_autograds_gradient(arm, core_i
         assert torch.allclose(g.norm(), cmap.coordinates(g).norm(), rtol=1e-5)  # clipping sees the same norm
 
 
+class Identity:
+    """The identity coordinate map: CoordinateAdamW with it is plain AdamW."""
+
+    def coordinates(self, t):
+        return t.clone()
+
+    def __call__(self, q):
+        return q
+
+
 def test_identity_coordinates_are_plain_adamw_bitwise():
-    class Identity:
-        def coordinates(self, t):
-            return t.clone()
-
-        def __call__(self, q):
-            return q
-
     torch.manual_seed(0)
     a = torch.nn.Parameter(torch.randn(5, 3))
     b = torch.nn.Parameter(a.detach().clone())
@@ -173,13 +176,6 @@ def test_the_compact_wy_products_follow_the_same_trajectory(tmp_path):
 
 
 def test_parameters_swapped_after_construction_are_refused():
-    class Identity:
-        def coordinates(self, t):
-            return t.clone()
-
-        def __call__(self, q):
-            return q
-
     w = torch.nn.Parameter(torch.randn(3, 2))
     opt = CoordinateAdamW([w], coordinates={w: Identity()}, lr=0.1)
     other = torch.nn.Parameter(w.detach().clone())
