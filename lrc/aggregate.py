@@ -6,9 +6,18 @@ distilled student, ``....sft.json`` for its fine-tuned version. A table has one 
 experiment, recipe, arm and token budget (seeds averaged, their spread given) and the
 teacher's row for reference. Scores are in percent; ``gain_over_slice`` is the row's
 aggregate minus that of plain LRC (arm ``slice``) with the same experiment, recipe and budget;
-``vs_teacher`` is the row's aggregate minus the teacher's. Every row states the evaluation
-settings (lm-eval version, few-shot count, batch size, limit) and each task column names its
-metric, so a table cannot be read without them.
+``vs_teacher`` is the row's aggregate minus the teacher's. The held-out measures get gains
+over slice too, in nats per token, positive where the row is better than slice:
+``perplexity_gain_over_slice`` = ln(slice perplexity / row perplexity) (the held-out NLL
+reduction) and ``kl_gain_over_slice`` = slice KL - row KL. So an evaluation without tasks
+(``lrc evaluate --suite none``: no aggregate) still gives a table with gains. Every row
+states the evaluation settings (lm-eval version, few-shot count, batch size, limit) and the
+suite, and each task column names its metric, so a table cannot be read without them.
+
+Other file names than the workflow's are accepted: a stem that is an arm name (``dense.json``,
+as from a hand-run ``lrc evaluate``) is that arm with no recipe, seed or budget (its slice is
+``slice.json`` of the same experiment); any other stem is a row of its own, named by it (and
+compared with that ``slice.json`` too).
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import pandas as pd
 
 from lrc.atomic import atomic_file
 from lrc.errors import LRCError
-from lrc.names import ARMS, RUN_FORMAT, SFT_SUFFIX, parse_run_name
+from lrc.names import ARMS, RECIPES, RUN_FORMAT, SFT_SUFFIX, parse_run_name
 from lrc.options import parse_args
 
 ARM_ORDER = ("teacher", *ARMS)
@@ -65,13 +74,19 @@ def experiment_of(path: Path) -> str:
 
 
 def describe_model(name: str) -> dict[str, Any]:
-    """Split an evaluation file's stem into recipe, arm, seed, tokens and sft."""
+    """Split an evaluation file's stem into recipe, arm, seed, tokens and sft: 'teacher',
+    a run name (lrc.names.RUN_FORMAT, maybe + SFT_SUFFIX), an arm name (maybe + SFT_SUFFIX), or
+    any other name (a row of its own)."""
     if name == "teacher":
         return {"recipe": "", "arm": "teacher", "seed": None, "tokens": None, "sft": False}
     parsed = parse_run_name(name)
-    if parsed is None:
-        raise LRCError(f"evaluation file name {name!r}: expected 'teacher' or '{RUN_FORMAT}[{SFT_SUFFIX}]'")
-    return parsed
+    if parsed is not None:
+        return parsed
+    # A name that starts like a run name but does not parse is a typo, not a model of its own.
+    if not name or name.startswith(".") or any(name.startswith(f"{recipe}-") for recipe in RECIPES):
+        raise LRCError(f"evaluation file name {name!r}: expected 'teacher', '{RUN_FORMAT}[{SFT_SUFFIX}]' or a model name")
+    sft = name.endswith(SFT_SUFFIX)
+    return {"recipe": "", "arm": name.removesuffix(SFT_SUFFIX) if sft else name, "seed": None, "tokens": None, "sft": sft}
 
 
 def load_evaluations(paths: Sequence[Path]) -> list[dict[str, Any]]:
@@ -133,7 +148,7 @@ def results_table(records: list[dict[str, Any]], *, sft: bool) -> pd.DataFrame:
         aggs = [_percent(r["data"]["aggregate"].get("value")) for r in group]
         row: dict[str, Any] = {
             "experiment": exp,
-            "model": "teacher" if arm == "teacher" else f"{recipe}-{arm}-t{tokens}" + (".sft" if sft else ""),
+            "model": _model_name(recipe, arm, tokens, sft),
             "recipe": recipe,
             "arm": arm,
             "tokens": tokens,
@@ -148,6 +163,7 @@ def results_table(records: list[dict[str, Any]], *, sft: bool) -> pd.DataFrame:
         for extra in EXTRAS:
             row[extra] = _mean([_float(r["data"].get("extra", {}).get(extra)) for r in group])
         row["aggregate_name"] = _one_or_all([r["data"]["aggregate"].get("name") for r in group])
+        row["suite"] = _one_or_all([r["data"].get("suite") for r in group])
         lm = [r["data"]["lm_eval"] for r in group]
         row["lm_eval_version"] = _one_or_all([e.get("version") for e in lm])
         for key in SETTINGS[1:]:
@@ -157,6 +173,9 @@ def results_table(records: list[dict[str, Any]], *, sft: bool) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     frame.insert(frame.columns.get_loc("aggregate_sd") + 1, "gain_over_slice", [_gain(frame, i) for i in frame.index])
     frame.insert(frame.columns.get_loc("gain_over_slice") + 1, "vs_teacher", [_vs_teacher(frame, i) for i in frame.index])
+    at = frame.columns.get_loc("answer_logprob") + 1
+    frame.insert(at, "perplexity_gain_over_slice", [_gain(frame, i, "perplexity", _nll_gain) for i in frame.index])
+    frame.insert(at + 1, "kl_gain_over_slice", [_gain(frame, i, "kl_to_teacher", lambda row, base: base - row) for i in frame.index])
     frame["_arm"] = frame["arm"].map(lambda a: ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER))
     frame["_tokens"] = frame["tokens"].fillna(-1)
     frame = frame.sort_values(["experiment", "_arm", "recipe", "_tokens"], kind="stable").drop(columns=["_arm", "_tokens"])
@@ -164,12 +183,28 @@ def results_table(records: list[dict[str, Any]], *, sft: bool) -> pd.DataFrame:
     return frame.reset_index(drop=True)
 
 
-def _gain(frame: pd.DataFrame, i: int) -> float:
+def _model_name(recipe: str, arm: str, tokens: int | None, sft: bool) -> str:
+    if arm == "teacher":
+        return "teacher"
+    name = f"{recipe}-{arm}-t{tokens}" if tokens is not None else arm  # a hand-named file: its own name
+    return name + (SFT_SUFFIX if sft else "")
+
+
+def _nll_gain(row: float, base: float) -> float:
+    """ln(base / row) of two perplexities: the reduction of held-out NLL in nats per token."""
+    return math.log(base / row) if row > 0 and base > 0 else float("nan")
+
+
+def _gain(frame: pd.DataFrame, i: int, column: str = "aggregate", gain=lambda row, base: row - base) -> float:
+    """``gain(row value, slice value)`` against the slice row of the same experiment, recipe and budget."""
     row = frame.loc[i]
     if row["arm"] == "teacher":
         return float("nan")
-    base = frame[(frame["experiment"] == row["experiment"]) & (frame["recipe"] == row["recipe"]) & (frame["tokens"] == row["tokens"]) & (frame["arm"] == "slice")]
-    return float(row["aggregate"] - base["aggregate"].iloc[0]) if len(base) else float("nan")
+    same_tokens = frame["tokens"].isna() if pd.isna(row["tokens"]) else frame["tokens"] == row["tokens"]
+    base = frame[(frame["experiment"] == row["experiment"]) & (frame["recipe"] == row["recipe"]) & same_tokens & (frame["arm"] == "slice")]
+    if not len(base) or pd.isna(row[column]) or pd.isna(base[column].iloc[0]):
+        return float("nan")
+    return float(gain(float(row[column]), float(base[column].iloc[0])))
 
 
 def _vs_teacher(frame: pd.DataFrame, i: int) -> float:

@@ -130,3 +130,49 @@ def test_token_efficiency_figure_writes_png_and_pdf(tmp_path):
     with pytest.raises(LRCError, match="missing column"):
         (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
         figures.main(["--table", str(tmp_path / "bad.csv"), "--out", str(png)])
+
+
+def test_heldout_gains_over_slice_beside_the_task_aggregate(evals, tmp_path):
+    root = tmp_path / "results"
+    write_eval(root, "tiny", "lrc-dense-s0-t1000", {"a": 0.6, "b": 0.4}, 0.5, extra={"perplexity": 5.0, "kl_to_teacher": 0.2})
+    write_eval(root, "tiny", "lrc-dense-s1-t1000", {"a": 0.8, "b": 0.4}, 0.6, extra={"perplexity": 5.0, "kl_to_teacher": 0.4})
+    out = tmp_path / "table1.csv"
+    aggregate.main(["--table", "table1", "--inputs", *map(str, evals), "--out", str(out)])
+    t = pd.read_csv(out).set_index("arm")
+    # slice: perplexity 10, KL 0.5 (both seeds); dense: 5 and 0.3 on average.
+    assert t.loc["dense", "perplexity_gain_over_slice"] == pytest.approx(math.log(2.0), abs=1e-4)
+    assert t.loc["dense", "kl_gain_over_slice"] == pytest.approx(0.2)
+    assert t.loc["slice", "kl_gain_over_slice"] == pytest.approx(0.0)
+    assert math.isnan(t.loc["teacher", "perplexity_gain_over_slice"])
+    # The tiny world's columns are all still there, in their order; the new ones are added.
+    old = ["experiment", "model", "recipe", "arm", "tokens", "seeds", "n_seeds", "a (acc)", "b (acc)", "aggregate",
+           "aggregate_sd", "gain_over_slice", "vs_teacher", "perplexity", "kl_to_teacher", "answer_logprob",
+           "aggregate_name", "lm_eval_version", "num_fewshot", "batch_size", "limit"]
+    columns = list(pd.read_csv(out).columns)
+    assert [c for c in columns if c in old] == old
+    assert set(columns) - set(old) == {"perplexity_gain_over_slice", "kl_gain_over_slice", "suite"}
+
+
+def test_heldout_only_evaluations_under_hand_given_names(tmp_path):
+    """`lrc evaluate --suite none` records (no task, no aggregate) named after the arm or anything."""
+    root = tmp_path / "results"
+    files = []
+    for name, ppl, kl in (("teacher", 16.0, None), ("slice", 22049.0, 7.23), ("dense", 10665.0, 6.48), ("core", 11073.0, 6.53),
+                          ("my-student", 99.0, 3.0)):
+        path = write_eval(root, "smol", name, {}, None, extra={"perplexity": ppl, "kl_to_teacher": kl})
+        data = json.loads(path.read_text())
+        data["suite"], data["aggregate"]["name"] = "none", None
+        path.write_text(json.dumps(data))
+        files.append(path)
+    t = aggregate.results_table(aggregate.load_evaluations(files), sft=False).set_index("arm")
+    assert list(t.index) == ["teacher", "slice", "dense", "core", "my-student"]
+    assert t.loc["dense", "model"] == "dense" and t.loc["my-student", "model"] == "my-student"
+    assert t.loc["dense", "perplexity_gain_over_slice"] == pytest.approx(math.log(22049 / 10665), abs=1e-6)
+    assert t.loc["core", "kl_gain_over_slice"] == pytest.approx(0.7)
+    assert t.loc["my-student", "kl_gain_over_slice"] == pytest.approx(4.23)  # against slice.json too
+    assert t["aggregate"].isna().all() and math.isnan(t.loc["dense", "gain_over_slice"])
+    assert (t["suite"] == "none").all()
+    # A near-miss of a run name is a typo, refused with the culprit.
+    typo = write_eval(root, "smol", "lrc-dense-s0", {}, None)
+    with pytest.raises(LRCError, match="lrc-dense-s0"):
+        aggregate.load_evaluations([typo])
