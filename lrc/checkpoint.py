@@ -7,7 +7,7 @@ Layout of a checkpoint directory (``TrainArgs.ckpt_dir``)::
         trainable.safetensors   the trainable parameters only (frozen teacher weights are
                                 rebuilt by the command, so they are not copied into every checkpoint)
         trainer_state.json      step, data position, run fingerprint; written last
-    step-000080/           the newest; the two newest are kept
+    step-000080/           the newest; the two newest are kept while the run trains
     metrics.jsonl          the live metrics log (each command copies it into its output)
     DONE                   JSON marker: the run finished; its final state is the newest step-*
 
@@ -29,6 +29,23 @@ Decisions, and why:
   the whole run; a second run (for example, a rerun while an orphaned ``lrc distill`` of a
   killed Snakemake still trains) is refused with an ``LRCError`` naming the holder's pid.
   The kernel drops the lock when the holder dies, so a kill never leaves a stale lock.
+- **Retention once finished** (``--keep-checkpoints``, :func:`retain_finished`). No later
+  stage reads a checkpoint directory: merge reads the LRC state directory distill writes,
+  sft the merged checkpoint, distill the warm start's state directory; each command writes
+  its output from the model ``train`` returns. What a finished run's directory still
+  serves is a rerun of the same job whose output was lost (e.g. the command died writing
+  it): it finds DONE and rewrites the output from the final weights, training nothing. So
+  ``final`` (the default) keeps exactly that: the final step's ``trainer_state.json`` and
+  ``trainable.safetensors`` (marked ``"final_only": true`` in the state, written *before*
+  anything is deleted, so a kill midway leaves a checkpoint that still verifies), plus DONE
+  and metrics; the optimiser, scheduler, RNG files and the older checkpoint go (at r = 288
+  on SmolLM2-135M: ~400 MB of Adam state per arm). ``all`` keeps the two newest full
+  checkpoints, ``none`` no step directory (a rerun trains again, to the same weights).
+  Under FSDP the model is a sharded directory that only accelerate's ``load_state``
+  restores, so ``final`` keeps the whole final checkpoint there (the older one goes). A
+  final-only checkpoint is never trained on: the run fingerprint fixes the step count, so it
+  is only ever resumed as the final step. Retention runs after DONE (and again on a rerun
+  that finds the run done): a kill before DONE leaves the two full checkpoints.
 - **Metrics stay here.** ``metrics.jsonl`` is appended in this directory and truncated to
   the resumed step; :func:`lrc.train.train` returns its path and each command copies it
   once into its own atomic output directory (:func:`copy_metrics`).
@@ -65,6 +82,8 @@ METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = "LOCK"
 KEEP = 2  # checkpoints kept: the newest, and one to fall back to if it is damaged
 DAMAGED_PREFIX = "damaged-"
+RETENTIONS = ("final", "all", "none")  # what a finished run keeps (see the module doc)
+FINAL_ONLY = "final_only"  # trainer-state key of a checkpoint stripped to its final weights
 
 
 def step_dir_name(step: int) -> str:
@@ -106,6 +125,34 @@ def prune(ckpt_dir: str | Path, keep: int = KEEP) -> None:
     """Keep only the newest ``keep`` checkpoints."""
     for p in list_checkpoints(ckpt_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(p, ignore_errors=True)
+
+
+def is_final_only(step_dir: Path) -> bool:
+    try:
+        return bool(read_state(step_dir).get(FINAL_ONLY))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def retain_finished(ckpt_dir: str | Path, retention: str, *, sharded: bool = False) -> None:
+    """After DONE: keep what :data:`RETENTIONS` names (main process; see the module doc)."""
+    found = list_checkpoints(ckpt_dir)
+    if retention == "all" or (retention == "final" and sharded):
+        prune(ckpt_dir, KEEP if retention == "all" else 1)
+        return
+    keep = found[-1:] if retention == "final" else []
+    for p in found[:-1] if keep else found:
+        shutil.rmtree(p, ignore_errors=True)
+    for step_dir in keep:
+        # Marked first, then stripped: a kill in between leaves a checkpoint that verifies.
+        write_json_atomic(step_dir / TRAINER_STATE_FILE, read_state(step_dir) | {FINAL_ONLY: True})
+        for item in step_dir.iterdir():
+            if item.name in (TRAINER_STATE_FILE, TRAINABLE_FILE):
+                continue
+            if item.is_dir():
+                shutil.rmtree(item)
+            else:
+                item.unlink()
 
 
 def read_done(ckpt_dir: str | Path) -> dict[str, Any] | None:
@@ -218,7 +265,7 @@ class DamagedCheckpoint(Exception):
         self.path, self.reason = path, reason
 
 
-def _check_state(step_dir: Path) -> None:
+def _check_state(step_dir: Path) -> dict[str, Any]:
     path = step_dir / TRAINER_STATE_FILE
     try:
         state = json.loads(path.read_text())
@@ -228,6 +275,7 @@ def _check_state(step_dir: Path) -> None:
         raise DamagedCheckpoint(path, "not a trainer state (step, fingerprint)")
     if state["step"] != _step_of(step_dir):
         raise DamagedCheckpoint(path, f"says step {state['step']}, the directory {step_dir.name}")
+    return state
 
 
 def _check_trainable(path: Path, expected: dict[str, tuple[int, ...]]) -> None:
@@ -274,8 +322,13 @@ def verify_checkpoint(step_dir: Path, *, trainable: dict[str, tuple[int, ...]] |
     ``trainable`` (names -> shapes) and ``optimizer_params`` are None under FSDP (``sharded``),
     whose model and optimiser state accelerate writes as torch.distributed.checkpoint
     directories (``SHARDED_MODEL_DIR``, ``SHARDED_OPTIMIZER_DIR``): their metadata is checked.
+    A final-only checkpoint (:func:`retain_finished`) has its state and trainable weights only.
     """
-    _check_state(step_dir)
+    if _check_state(step_dir).get(FINAL_ONLY):
+        if sharded or trainable is None:
+            raise DamagedCheckpoint(step_dir / TRAINER_STATE_FILE, "final weights only, which a sharded (FSDP) run cannot load")
+        _check_trainable(step_dir / TRAINABLE_FILE, trainable)
+        return
     if sharded:
         for name in (SHARDED_MODEL_DIR, SHARDED_OPTIMIZER_DIR):
             if (step_dir / name).is_dir():  # (FULL_STATE_DICT writes single files instead)
@@ -355,7 +408,8 @@ def load_latest(accelerator, bare: torch.nn.Module, optimizer, ckpt_dir: Path, f
             f"delete {ckpt_dir} to start afresh or use another --ckpt-dir"
         )
     try:
-        accelerator.load_state(str(latest))
+        if not is_final_only(latest):  # (a final-only one has no optimiser state; it is not trained on)
+            accelerator.load_state(str(latest))
     except Exception as err:  # verified above, so this is damage the checks cannot see
         raise LRCError(f"checkpoint {latest} does not load ({err}); delete it to fall back to the previous one") from err
     if not fsdp:

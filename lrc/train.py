@@ -33,9 +33,9 @@ Decisions, and why:
   are rebuilt by the command that restarts. They live in ``ckpt_dir`` (default
   ``<out_dir>.ckpt``, a sibling), outside the output Snakemake deletes on failure. The two
   newest are kept and verified before use (a damaged one is set aside with a warning and
-  the previous one used); the main process holds a lock on the directory for the whole
-  run, so a second run on it is refused. A run refuses to resume a checkpoint made with
-  different settings.
+  the previous one used); once finished, ``keep_checkpoints`` says what stays (default: the
+  final weights, no optimiser state: :func:`lrc.checkpoint.retain_finished`). The main
+  process locks the directory for the run; a checkpoint of other settings is not resumed.
 - **The checkpoint directory is the only one written.** ``metrics.jsonl`` lives there;
   ``train`` returns its path in the summary, and each command copies it once into its own
   atomic output directory, with the model it writes.
@@ -108,6 +108,7 @@ class TrainArgs:
     checkpoint_every: int = field(default=0, metadata={"help": "save a resumable checkpoint every N steps (0: only at the end)"})
     log_every: int = field(default=10, metadata={"help": "log metrics (and check for non-finite values) every N steps"})
     ckpt_dir: Path | None = field(default=None, metadata={"help": "checkpoint directory (default: <out>.ckpt next to the output)"})
+    keep_checkpoints: Literal["final", "all", "none"] = field(default="final", metadata={"help": "once finished, keep: final (the final weights a rerun rewrites its output from, no optimiser state), all (two full checkpoints), none"})
     threads: int = field(default=0, metadata={"help": "torch CPU threads per process (0: leave torch's default)"})
     tensorboard: bool = field(default=False, metadata={"help": "also log to TensorBoard under <ckpt_dir>/tb (needs the tensorboard package)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
@@ -121,6 +122,7 @@ class TrainArgs:
                 raise LRCError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         check_choice("--schedule", self.schedule, SCHEDULES)
         check_choice("--precision", self.precision, PRECISIONS)
+        check_choice("--keep-checkpoints", self.keep_checkpoints, ckpt.RETENTIONS)
         if not 0.0 <= self.warmup < 1.0:
             raise LRCError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
         if len(self.betas) != 2:
@@ -323,6 +325,8 @@ def resume(run: Run) -> tuple[int, str | None, dict[str, Any] | None]:
     start_step = int(ckpt.read_state(latest)["step"])
     done = ckpt.read_done(run.ckpt_dir)
     finished = done if (done is not None and int(done["step"]) == start_step == run.steps) else None
+    if finished is not None and run.accelerator.is_main_process:  # a rerun may ask to keep less
+        ckpt.retain_finished(run.ckpt_dir, run.args.keep_checkpoints, sharded=run.fsdp)
     return start_step, str(latest), finished
 
 
@@ -400,7 +404,7 @@ def finish(run: Run, log: StepLog, start_step: int, resumed_from: str | None) ->
         ckpt.save_checkpoint(acc, run.bare, run.ckpt_dir, 0, run.fingerprint, run.fsdp)
     if acc.is_main_process:
         ckpt.write_done(run.ckpt_dir, run.steps, summary)
-        ckpt.prune(run.ckpt_dir)
+        ckpt.retain_finished(run.ckpt_dir, run.args.keep_checkpoints, sharded=run.fsdp)
     acc.wait_for_everyone()
     acc.print(f"trained {summary['tokens']:,} tokens in {run.steps} steps; peak memory {summary['peak_memory_mib']:.0f} MiB")
     return summary

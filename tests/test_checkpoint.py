@@ -1,4 +1,5 @@
-"""Checkpoint life cycle: two kept, verified on load, a damaged one set aside; one run per directory."""
+"""Checkpoint life cycle: two kept, verified on load, a damaged one set aside; one run per directory;
+what a finished run keeps (--keep-checkpoints)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ from tests.helpers import ENV, SEQ, RandomTokens, tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
-ARGS = dict(tokens=SEQ * 8 * STEPS, batch_size=8, micro_batch_size=4, lr=3e-3, warmup=0.1, log_every=1, checkpoint_every=2, progress=False)
+# keep_checkpoints="all": these tests stage a kill just before DONE, when both full checkpoints
+# still exist (retention runs only after DONE), by removing the DONE of a finished run.
+ARGS = dict(tokens=SEQ * 8 * STEPS, batch_size=8, micro_batch_size=4, lr=3e-3, warmup=0.1, log_every=1, checkpoint_every=2, progress=False,
+            keep_checkpoints="all")
 
 
-def run(out: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+def run(out: Path, **changes) -> tuple[dict, dict[str, torch.Tensor]]:
     model = tiny_llama()
-    summary = train(LMObjective(model), model, RandomTokens(rows=24), TrainArgs(**ARGS), out)
+    summary = train(LMObjective(model), model, RandomTokens(rows=24), TrainArgs(**(ARGS | changes)), out)
     return summary, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
@@ -164,3 +168,63 @@ def test_metrics_are_truncated_to_the_resumed_step_and_copied_once(tmp_path):
 
 def test_the_trainer_state_file_keeps_its_name_on_disk():
     assert ckpt.TRAINER_STATE_FILE == "trainer_state.json" and not hasattr(ckpt, "STATE_FILE")
+
+
+# ---- retention of a finished run -------------------------------------------------------
+
+
+def files_of(step_dir: Path) -> set[str]:
+    return {p.name for p in step_dir.iterdir()}
+
+
+def test_a_finished_run_keeps_only_its_final_weights_and_a_rerun_reuses_them(tmp_path):
+    summary, straight = run(tmp_path / "out", keep_checkpoints="final")
+    ckpt_dir = tmp_path / "out.ckpt"
+    assert [p.name for p in ckpt.list_checkpoints(ckpt_dir)] == [ckpt.step_dir_name(STEPS)]
+    final = ckpt_dir / ckpt.step_dir_name(STEPS)
+    assert files_of(final) == {ckpt.TRAINER_STATE_FILE, ckpt.TRAINABLE_FILE}  # no optimiser, scheduler, RNG
+    assert ckpt.is_final_only(final) and ckpt.read_done(ckpt_dir)["step"] == STEPS
+    assert TrainArgs().keep_checkpoints == "final"  # the default
+    # A rerun (its output lost) finds the job done and rebuilds the final weights from them.
+    again, weights = run(tmp_path / "out", keep_checkpoints="final")
+    assert again["already_done"] and again["resumed_from"] == str(final)
+    assert all(torch.equal(straight[n], weights[n]) for n in straight)
+    # Without DONE (say, damaged) the final-only step is still the end: nothing is trained on it.
+    (ckpt_dir / ckpt.DONE_FILE).unlink()
+    third, weights = run(tmp_path / "out", keep_checkpoints="final")
+    assert not third["already_done"] and third["resumed_from"] == str(final) and ckpt.read_done(ckpt_dir)["step"] == STEPS
+    assert all(torch.equal(straight[n], weights[n]) for n in straight)
+
+
+def test_keep_all_leaves_two_full_checkpoints_and_none_leaves_none(tmp_path):
+    run(tmp_path / "all", keep_checkpoints="all")
+    kept = ckpt.list_checkpoints(tmp_path / "all.ckpt")
+    assert [p.name for p in kept] == [ckpt.step_dir_name(4), ckpt.step_dir_name(6)]
+    assert all({ckpt.OPTIMIZER_FILE, ckpt.SCHEDULER_FILE, ckpt.TRAINABLE_FILE} <= files_of(p) for p in kept)
+    assert not any(ckpt.is_final_only(p) for p in kept)
+    _, straight = run(tmp_path / "none", keep_checkpoints="none")
+    assert ckpt.list_checkpoints(tmp_path / "none.ckpt") == [] and ckpt.read_done(tmp_path / "none.ckpt") is not None
+    again, weights = run(tmp_path / "none", keep_checkpoints="none")  # nothing to reuse: trained again, the same
+    assert not again["already_done"] and again["resumed_from"] is None
+    assert metric_steps(again) == list(range(1, STEPS + 1))
+    assert all(torch.equal(straight[n], weights[n]) for n in straight)
+    with pytest.raises(LRCError, match="--keep-checkpoints"):
+        TrainArgs(keep_checkpoints="some")
+
+
+def test_a_kill_while_stripping_leaves_a_checkpoint_that_verifies(tmp_path, capsys):
+    _, straight = run(tmp_path / "out")  # keep all, then strip by hand up to a kill
+    ckpt_dir = tmp_path / "out.ckpt"
+    final = ckpt_dir / ckpt.step_dir_name(STEPS)
+    state = ckpt.read_state(final)
+    (final / ckpt.TRAINER_STATE_FILE).write_text(json.dumps(state | {ckpt.FINAL_ONLY: True}))  # marked ...
+    (final / ckpt.OPTIMIZER_FILE).unlink()  # ... and killed after the first file went
+    again, weights = run(tmp_path / "out", keep_checkpoints="final")
+    assert again["already_done"] and all(torch.equal(straight[n], weights[n]) for n in straight)
+    assert files_of(final) == {ckpt.TRAINER_STATE_FILE, ckpt.TRAINABLE_FILE}  # the rerun finished the stripping
+    # A final-only checkpoint whose weights are damaged is set aside like any other: retrained.
+    truncate(final / ckpt.TRAINABLE_FILE)
+    capsys.readouterr()
+    third, weights = run(tmp_path / "out", keep_checkpoints="final")
+    assert "is damaged" in capsys.readouterr().err and not third["already_done"]
+    assert all(torch.equal(straight[n], weights[n]) for n in straight)

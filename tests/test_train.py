@@ -169,7 +169,8 @@ def test_kd_objective_is_zero_for_the_teacher_itself_and_trains_the_student():
 
 def test_resume_survives_a_torn_metrics_line(tmp_path):
     model = tiny_llama()
-    args = quiet(tokens=SEQ * 8 * 4, log_every=1, checkpoint_every=2)
+    # keep_checkpoints="all": the full checkpoints a kill before DONE leaves (retention runs after it).
+    args = quiet(tokens=SEQ * 8 * 4, log_every=1, checkpoint_every=2, keep_checkpoints="all")
     train(LMObjective(model), model, RandomTokens(), args, tmp_path / "out")
     # Simulate a kill after step 2's checkpoint, mid-write of a later log line.
     ckpt_dir = tmp_path / "out.ckpt"
