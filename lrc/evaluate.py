@@ -1,11 +1,12 @@
 """`lrc evaluate`: one model, one suite, one JSON.
 
 The multiple-choice suite runs through lm-eval's Python API (``simple_evaluate`` on an
-``HFLM`` wrapping the loaded model). Two suites, both described as data in
-``lrc/suites/``: ``paper`` (the paper's nine zero-shot tasks with the metric METHOD.md
-names for each; needs the hub for the datasets) and ``tiny`` (the tiny world's local
-tasks). Besides the suite, three cheap continuous measures that move before accuracy
-does: perplexity on a held-out token directory, forward KL(teacher || model) on the same
+``HFLM`` wrapping the loaded model). The suites (:mod:`lrc.suites`): ``paper`` (the paper's
+nine zero-shot tasks with the metric METHOD.md names for each; needs the hub for the
+datasets), ``tiny`` (the tiny world's local tasks), ``local`` (any local lm-eval task
+directory, e.g. the held-out tasks `lrc tasks` writes; offline) and ``none`` (no lm-eval
+run: the held-out measures only, offline, for any teacher). Besides the suite, cheap
+continuous measures that move before accuracy does: perplexity on a held-out token directory, forward KL(teacher || model) on the same
 rows, the mean log-probability lm-eval gave the right answer, and (tiny suite) the KL to the
 teacher at the position where the answer is predicted.
 """
@@ -38,8 +39,9 @@ class EvaluateArgs:
 
     model: str = field(metadata={"help": "HF checkpoint directory (safetensors) to evaluate", "positional": True})
     out: Path = field(metadata={"help": "evaluation JSON to write"})
-    suite: Literal["tiny", "paper"] = field(default="tiny", metadata={"help": "task suite (lrc/suites/<suite>.yaml)"})
-    tasks_dir: Path | None = field(default=None, metadata={"help": "tiny suite: the world's tasks/ directory"})
+    suite: Literal["tiny", "paper", "local", "none"] = field(default="tiny", metadata={
+        "help": "task suite: tiny, paper (lrc/suites/<suite>.yaml), local (the lm-eval tasks in --tasks-dir), none (held-out measures only)"})
+    tasks_dir: Path | None = field(default=None, metadata={"help": "tiny suite: the world's tasks/ directory; local suite: a directory of lm-eval task YAMLs"})
     tasks: list[str] | None = field(default=None, metadata={"help": "evaluate only these tasks of the suite"})
     teacher: str | None = field(default=None, metadata={"help": "teacher checkpoint: KL on the held-out rows and at the answer position (tiny suite)"})
     heldout: Path | None = field(default=None, metadata={"help": "held-out token directory (perplexity, KL)"})
@@ -59,6 +61,10 @@ class EvaluateArgs:
             raise LRCError("--batch-size and --heldout-rows must be positive")
         if self.num_fewshot < 0:
             raise LRCError(f"--num-fewshot must be >= 0, got {self.num_fewshot}")
+        if self.suite == "none" and self.tasks:
+            raise LRCError(f"--suite none runs no task; --tasks {self.tasks} asks for some")
+        if self.suite == "none" and self.heldout is None:
+            raise LRCError("--suite none measures only held-out rows: give --heldout (a token directory)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -79,27 +85,30 @@ def selected_tasks(suite: dict[str, Any], only: list[str] | None) -> dict[str, d
     return out
 
 
-def prepare_include_dir(tasks_dir: Path, names: Sequence[str], into: Path) -> Path:
-    """Copy the world's task YAMLs into ``into`` with absolute data paths in ``tasks_dir``.
+def prepare_include_dir(tasks_dir: Path, names: Sequence[str], into: Path, files: dict[str, str] | None = None) -> Path:
+    """Copy the task YAMLs (``files``: task -> file name, default ``<task>.yaml``) into ``into``
+    with absolute data paths in ``tasks_dir``.
 
     lm-eval resolves relative ``data_files`` against the working directory, and the world
-    may have moved since it was written; so the data file is re-pointed here, by name.
+    may have moved since it was written; so the data file is re-pointed here, by name (or,
+    for a file in a subdirectory, by its path relative to ``tasks_dir``).
     """
     tasks_dir = Path(tasks_dir).resolve()
     if not tasks_dir.is_dir():
         raise LRCError(f"--tasks-dir {tasks_dir} is not a directory")
     into.mkdir(parents=True, exist_ok=True)
     for name in names:
-        src = tasks_dir / f"{name}.yaml"
+        src = tasks_dir / (files or {}).get(name, f"{name}.yaml")
         if not src.is_file():
             raise LRCError(f"--tasks-dir {tasks_dir} has no task file {src.name}")
         config = yaml.safe_load(src.read_text())
-        files = config.get("dataset_kwargs", {}).get("data_files", {})
-        for split, path in files.items():
-            data = tasks_dir / Path(path).name
-            if not data.is_file():
-                raise LRCError(f"task {name}: data file {data} not found")
-            files[split] = str(data)
+        data_files = config.get("dataset_kwargs", {}).get("data_files", {})
+        for split, path in (data_files.items() if isinstance(data_files, dict) else ()):
+            inside = [tasks_dir / Path(path).name] + ([] if Path(path).is_absolute() else [tasks_dir / path])
+            found = [p for p in inside if p.is_file()]
+            if not found:
+                raise LRCError(f"task {name}: data file {tasks_dir / Path(path).name} not found")
+            data_files[split] = str(found[0])
         (into / src.name).write_text(yaml.safe_dump(config, sort_keys=False))
     return into
 
@@ -280,15 +289,36 @@ def heldout_rows(ds: TokenDataset, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 # The command
 
 
-def evaluate(args: EvaluateArgs) -> dict[str, Any]:
-    """Run the evaluation and return the JSON record (without writing it)."""
+def run_suite(args: EvaluateArgs, suite: dict[str, Any], tasks: dict[str, dict[str, Any]], model, tokenizer,
+              device: torch.device) -> tuple[dict[str, dict[str, Any]], list[str], int | float | None]:
+    """lm-eval on the chosen tasks: (task results, the tiny suite's question contexts, the limit used)."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
+    local = args.suite in ("tiny", "local")
+    files = {name: suite["tasks"][name].get("file", f"{name}.yaml") for name in tasks}
+    with tempfile.TemporaryDirectory(prefix="lrc-eval-") as tmp:
+        include = prepare_include_dir(args.tasks_dir, list(tasks), Path(tmp), files) if local else None
+        call = lm_eval_call(args, tasks, include)
+        check_tasks_known(call["task_manager"], tasks)
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size, device=str(device),
+                  trust_remote_code=False)
+        contexts = task_contexts(include, list(tasks), args.limit) if args.suite == "tiny" else []
+        try:
+            results = lm_eval.simple_evaluate(model=lm, **call)
+        except Exception as err:  # most often: a hub dataset that cannot be fetched offline
+            raise LRCError(f"lm-eval failed on suite {args.suite!r} (tasks {', '.join(tasks)}): {type(err).__name__}: {err}"
+                           + (" -- the paper suite needs the hub's datasets (network, or a populated "
+                              "HF_DATASETS_CACHE)" if args.suite == "paper" else "")) from err
+    return read_lm_eval_results(results, tasks), contexts, call["limit"]
+
+
+def evaluate(args: EvaluateArgs) -> dict[str, Any]:
+    """Run the evaluation and return the JSON record (without writing it)."""
     if args.threads:
         # On a shared CPU, fewer threads than torch's default avoid oversubscription stalls.
         torch.set_num_threads(args.threads)
-    suite = load_suite(args.suite)
+    suite = load_suite(args.suite, args.tasks_dir)
     tasks = selected_tasks(suite, args.tasks)
     device = resolve_device(args.device)
     model = load_model(args.model, device)
@@ -299,20 +329,7 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
     heldout = TokenDataset(args.heldout, expect_tokenizer=tokenizer) if args.heldout is not None else None
     if heldout is not None:
         check_vocab(heldout, model)
-    with tempfile.TemporaryDirectory(prefix="lrc-eval-") as tmp:
-        include = prepare_include_dir(args.tasks_dir, list(tasks), Path(tmp)) if args.suite == "tiny" else None
-        call = lm_eval_call(args, tasks, include)
-        check_tasks_known(call["task_manager"], tasks)
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size, device=str(device),
-                  trust_remote_code=False)
-        contexts = task_contexts(include, list(tasks), args.limit) if include is not None else []
-        try:
-            results = lm_eval.simple_evaluate(model=lm, **call)
-        except Exception as err:  # most often: a hub dataset that cannot be fetched offline
-            raise LRCError(f"lm-eval failed on suite {args.suite!r} (tasks {', '.join(tasks)}): {type(err).__name__}: {err}"
-                           + (" -- the paper suite needs the hub's datasets (network, or a populated "
-                              "HF_DATASETS_CACHE)" if args.suite == "paper" else "")) from err
-    task_results = read_lm_eval_results(results, tasks)
+    task_results, contexts, limit = run_suite(args, suite, tasks, model, tokenizer, device) if tasks else ({}, [], None)
     values = [t["value"] for t in task_results.values()]
     logprobs = [t["answer_logprob"] for t in task_results.values() if "answer_logprob" in t]
     extra: dict[str, Any] = {"answer_logprob": sum(logprobs) / len(logprobs) if logprobs else None}
@@ -329,10 +346,11 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
         "model": args.name or Path(args.model).resolve().name,
         "suite": args.suite,
         "tasks": task_results,
-        "aggregate": {"name": suite["aggregate"], "value": sum(values) / len(values)},
+        # No task (suite none): no aggregate value; the held-out measures in `extra` stand alone.
+        "aggregate": {"name": suite["aggregate"], "value": sum(values) / len(values) if values else None},
         "extra": extra,
         "lm_eval": {"version": library_versions()["lm_eval"],
-                    "num_fewshot": args.num_fewshot, "batch_size": args.batch_size, "limit": call["limit"]},
+                    "num_fewshot": args.num_fewshot, "batch_size": args.batch_size, "limit": limit},
         "settings": provenance("evaluate", args),
     }
 
@@ -341,6 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(EvaluateArgs, argv, prog="lrc evaluate")
     record = evaluate(args)
     write_json_atomic(args.out, record)
-    summary = ", ".join(f"{k} {v['metric']} {v['value']:.3f}" for k, v in record["tasks"].items())
-    print(f"{record['model']}: {record['aggregate']['name']} {record['aggregate']['value']:.4f} ({summary})")
+    parts = [f"{k} {v['metric']} {v['value']:.3f}" for k, v in record["tasks"].items()]
+    parts += [f"{k} {record['extra'][k]:.4f}" for k in ("perplexity", "kl_to_teacher") if k in record["extra"]]
+    aggregate = record["aggregate"]
+    head = f"{aggregate['name']} {aggregate['value']:.4f} " if aggregate["value"] is not None else ""
+    print(f"{record['model']}: {head}({', '.join(parts)})")
     return 0

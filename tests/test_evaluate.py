@@ -289,5 +289,65 @@ def test_evaluation_reads_the_suites_without_the_tiny_world():
     from lrc import suites
 
     assert load_suite is suites.load_suite  # one reader, shared with `lrc world`
-    with pytest.raises(LRCError, match="unknown suite 'tiny_task'; choose one of: tiny, paper"):
+    with pytest.raises(LRCError, match="unknown suite .tiny_task.; choose one of: tiny, paper, local, none"):
         load_suite("tiny_task")
+
+
+# ---- held-out measures alone, and local task directories ---------------------------------
+
+
+def test_suite_none_gives_the_heldout_measures_without_lm_eval(checkpoint, heldout, tmp_path, monkeypatch):
+    import lm_eval
+
+    from lrc.evaluate import heldout_rows, load_model
+    from lrc.tokens import TokenDataset
+
+    def not_reached(**kwargs):
+        raise AssertionError("lm-eval ran for --suite none")
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", not_reached)
+    out = tmp_path / "none.json"
+    assert main([str(checkpoint), "--suite", "none", "--heldout", str(heldout), "--teacher", str(checkpoint), "--heldout-rows", "8",
+                 "--threads", "1", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["suite"] == "none" and record["tasks"] == {} and record["aggregate"] == {"name": None, "value": None}
+    rows, masks = heldout_rows(TokenDataset(heldout), 8)
+    direct = heldout_measures(load_model(str(checkpoint), torch.device("cpu")), rows, masks)
+    assert record["extra"]["perplexity"] == pytest.approx(direct["perplexity"], rel=1e-5)
+    assert record["extra"]["kl_to_teacher"] == pytest.approx(0.0, abs=1e-6) and record["extra"]["heldout_tokens"] == direct["heldout_tokens"]
+    with pytest.raises(LRCError, match="--suite none measures only held-out rows: give --heldout"):
+        EvaluateArgs(model="m", out=tmp_path / "x.json", suite="none")
+    with pytest.raises(LRCError, match="--suite none runs no task"):
+        EvaluateArgs(model="m", out=tmp_path / "x.json", suite="none", heldout=heldout, tasks=["world_facts"])
+
+
+def test_a_local_task_directory_scores_as_the_tiny_suite_does(world, checkpoint, tmp_path):
+    """`--suite local` on the world's tasks/ (no suite.yaml: every task YAML in it) gives the tiny suite's numbers."""
+    common = [str(checkpoint), "--tasks-dir", str(world / "tasks"), "--limit", "12", "--batch-size", "8", "--threads", "1"]
+    assert main(common + ["--suite", "local", "--out", str(tmp_path / "local.json")]) == 0
+    assert main(common + ["--suite", "tiny", "--out", str(tmp_path / "tiny.json")]) == 0
+    local, tiny = (json.loads((tmp_path / f"{n}.json").read_text())["tasks"] for n in ("local", "tiny"))
+    assert set(local) == set(tiny) == set(load_suite("tiny")["tasks"])
+    for name in tiny:
+        assert local[name]["metric"] == "acc" and local[name]["acc"] == pytest.approx(tiny[name]["acc"])
+    with pytest.raises(LRCError, match="--suite local needs --tasks-dir"):
+        main([str(checkpoint), "--suite", "local", "--out", str(tmp_path / "x.json")])
+    with pytest.raises(LRCError, match="holds no lm-eval task YAML"):
+        main([str(checkpoint), "--suite", "local", "--tasks-dir", str(tmp_path), "--out", str(tmp_path / "x.json")])
+
+
+def test_heldout_tasks_from_lrc_tasks_run_offline(world, checkpoint, heldout, tmp_path):
+    from lrc.tasks import main as tasks_main
+
+    tasks = tmp_path / "tasks"
+    assert tasks_main(["--data", str(world / "corpus/valid.jsonl"), "--tokenizer", str(world / "tokenizer"), "--out", str(tasks),
+                       "--prefix-tokens", "12", "--continuation-tokens", "6", "--items", "16"]) == 0
+    out = tmp_path / "e.json"
+    assert main([str(checkpoint), "--suite", "local", "--tasks-dir", str(tasks), "--heldout", str(heldout), "--heldout-rows", "4",
+                 "--batch-size", "8", "--threads", "1", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["suite"] == "local" and set(record["tasks"]) == {"heldout_continuation", "heldout_shuffled"}
+    assert record["tasks"]["heldout_continuation"]["chance"] == 0.25 and record["tasks"]["heldout_shuffled"]["chance"] == 0.5
+    values = [t["value"] for t in record["tasks"].values()]
+    assert all(0 <= v <= 1 for v in values) and record["aggregate"] == {"name": "Avg", "value": pytest.approx(sum(values) / 2)}
+    assert record["extra"]["perplexity"] > 1

@@ -1,0 +1,144 @@
+"""`lrc tasks`: multiple-choice lm-eval tasks from held-out real text (Python's own docstrings)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+
+import pytest
+import yaml
+
+from lrc.errors import LRCError
+from lrc.tasks import CUT_SEARCH, main, shuffle_words
+from lrc.suites import load_suite
+
+OBJECTS = ["json.dumps", "json.loads", "re.sub", "re.split", "textwrap.wrap", "textwrap.dedent", "functools.reduce",
+           "functools.lru_cache", "itertools.groupby", "collections.Counter", "collections.OrderedDict", "shutil.copytree",
+           "shutil.rmtree", "os.walk", "os.makedirs", "argparse.ArgumentParser", "subprocess.run", "heapq.merge",
+           "bisect.insort_right", "difflib.SequenceMatcher", "statistics.median", "random.shuffle", "tempfile.mkdtemp",
+           "zipfile.ZipFile", "string.Formatter", "logging.basicConfig", "pprint.pformat", "calendar.monthrange"]
+
+
+def docstrings() -> list[str]:
+    import importlib
+
+    out = []
+    for dotted in OBJECTS:
+        module, name = dotted.rsplit(".", 1)
+        doc = inspect.getdoc(getattr(importlib.import_module(module), name))
+        if doc and len(doc) > 200:
+            out.append(doc)
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Docstrings as a .jsonl, and a small BPE tokenizer trained on them."""
+    from lrc.world.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("docs")
+    docs = docstrings()
+    assert len(docs) >= 20
+    (root / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    train_tokenizer(docs, vocab_size=400, out_dir=root / "tokenizer")
+    return root, docs
+
+
+def read(directory, task):
+    return [json.loads(line) for line in (directory / f"{task}.jsonl").read_text().splitlines()]
+
+
+def make(corpus, out, *extra):
+    root, _ = corpus
+    args = ["--data", str(root / "docs.jsonl"), "--tokenizer", str(root / "tokenizer"), "--out", str(out),
+            "--prefix-tokens", "24", "--continuation-tokens", "8", *extra]
+    assert main(args) == 0
+    return out
+
+
+def test_tasks_from_text_are_well_formed_and_deterministic(corpus, tmp_path):
+    _, docs = corpus
+    out = make(corpus, tmp_path / "a")
+    assert sorted(p.name for p in out.iterdir()) == ["heldout_continuation.jsonl", "heldout_continuation.yaml", "heldout_shuffled.jsonl",
+                                                      "heldout_shuffled.yaml", "settings.json", "suite.yaml"]
+    continuation = read(out, "heldout_continuation")
+    assert len(continuation) == len(docs)  # one question per document
+    golds = set()
+    for q in continuation:
+        assert len(q["choices"]) == 4 and len(set(q["choices"])) == 4
+        true = q["choices"][q["gold"]]
+        source = [d for d in docs if d.startswith(q["context"])]
+        assert len(source) == 1 and source[0][len(q["context"]):].startswith(true)  # the document's own next words
+        assert true[:1].isspace()  # cut before a word, not inside one
+        for k, other in enumerate(q["choices"]):
+            if k != q["gold"]:  # a distractor: another document's span, not this one's
+                assert any(other in d for d in docs if d is not source[0]) and not source[0][len(q["context"]):].startswith(other)
+        golds.add(q["gold"])
+    assert golds == {0, 1, 2, 3}  # the gold position varies
+    for q in read(out, "heldout_shuffled"):
+        true, shuffled = q["choices"][q["gold"]], q["choices"][1 - q["gold"]]
+        assert true != shuffled and sorted(true.split()) == sorted(shuffled.split())
+        assert re.sub(r"\S+", "w", true) == re.sub(r"\S+", "w", shuffled)  # the whitespace stays in place
+    suite = load_suite("local", out)
+    assert suite["tasks"]["heldout_continuation"] | {} == {"metric": "acc", "choices": 4, "chance": 0.25, "docs": len(docs)}
+    assert suite["tasks"]["heldout_shuffled"]["chance"] == 0.5
+    config = yaml.safe_load((out / "heldout_continuation.yaml").read_text())
+    assert config["task"] == "heldout_continuation" and config["output_type"] == "multiple_choice"
+    assert config["dataset_kwargs"]["data_files"]["test"] == str((out / "heldout_continuation.jsonl").resolve())
+    # The same data and seed: the same questions; another seed: others.
+    again = make(corpus, tmp_path / "b")
+    assert read(again, "heldout_continuation") == continuation and read(again, "heldout_shuffled") == read(out, "heldout_shuffled")
+    other = make(corpus, tmp_path / "c", "--seed", "1", "--items", "5", "--kinds", "continuation")
+    assert len(read(other, "heldout_continuation")) == 5 and not (other / "heldout_shuffled.jsonl").exists()
+    assert read(other, "heldout_continuation") != continuation[:5]
+
+
+def test_token_rows_give_tasks_from_the_heldout_split_only(corpus, tmp_path):
+    from lrc.tokenize import TokenizeArgs, _in_valid, tokenize
+
+    root, docs = corpus
+    data = tmp_path / "data"
+    tokenize(TokenizeArgs(tokenizer=str(root / "tokenizer"), source=str(root / "docs.jsonl"), out=data, seq_len=64, valid_fraction=0.3))
+    valid = [d for i, d in enumerate(docs) if _in_valid(i, 0.3)]
+    train = [d for i, d in enumerate(docs) if not _in_valid(i, 0.3)]
+    assert valid and train
+    out = tmp_path / "tasks"
+    assert main(["--data", str(data), "--tokenizer", str(root / "tokenizer"), "--out", str(out),
+                 "--prefix-tokens", "24", "--continuation-tokens", "8", "--choices", "2"]) == 0
+    questions = read(out, "heldout_continuation")
+    assert questions
+    settings = json.loads((out / "settings.json").read_text())
+    # Each context is the start of a document split off into valid/ (decoded from its token
+    # rows, split at the separators); the training documents gave none.
+    for q in questions:
+        assert any(d.startswith(q["context"].strip()) for d in valid) and not any(q["context"].strip() in d for d in train)
+        assert all(any(c.strip() in d for d in valid) for c in q["choices"])  # distractors: held out too
+    assert settings["documents"] == len(valid)
+    with pytest.raises(LRCError, match="training split"):
+        main(["--data", str(data / "train"), "--tokenizer", str(root / "tokenizer"), "--out", str(tmp_path / "bad")])
+
+
+def test_bad_input_is_named(corpus, tmp_path):
+    root, _ = corpus
+    base = ["--tokenizer", str(root / "tokenizer"), "--out", str(tmp_path / "t")]
+    with pytest.raises(LRCError, match="--data .*nowhere.jsonl: no such file"):
+        main(["--data", str(tmp_path / "nowhere.jsonl"), *base])
+    with pytest.raises(LRCError, match="no text field 'body'"):
+        main(["--data", str(root / "docs.jsonl"), "--text-field", "body", *base])
+    with pytest.raises(LRCError, match="too few documents of .* tokens for the continuation task"):
+        main(["--data", str(root / "docs.jsonl"), "--prefix-tokens", "5000", *base])
+    with pytest.raises(LRCError, match="--kinds"):
+        main(["--data", str(root / "docs.jsonl"), "--kinds", "cloze", *base])
+    assert not (tmp_path / "t").exists()
+    assert CUT_SEARCH > 0
+
+
+def test_shuffled_words_keep_the_whitespace():
+    import random
+
+    text = "  a quick\nbrown fox  jumps"
+    shuffled = shuffle_words(text, random.Random(0))
+    assert shuffled != text and re.sub(r"\S+", "w", shuffled) == re.sub(r"\S+", "w", text)
+    assert sorted(shuffled.split()) == sorted(text.split())
+    assert shuffle_words("a a a", random.Random(0)) is None
