@@ -96,7 +96,16 @@ def tokenize_paths(wildcards, input):
 
 
 def eval_tasks(wildcards, input):
+    if builds_tasks(wildcards.exp):
+        return wc.cli_flags({"tasks_dir": input.tasks})
     return wc.cli_flags(wc.evaluate_options(is_world(wildcards.exp), input.get("world")), sort=False)
+
+
+def builds_tasks(exp):
+    """`evaluate: {suite: local}` with no tasks_dir of its own (not the tiny world): the workflow
+    builds results/{exp}/tasks from the held-out corpus split (rule heldout_tasks, `lrc tasks`)."""
+    section = settings(exp).get("evaluate") or {}
+    return not is_world(exp) and section.get("suite") == "local" and not section.get("tasks_dir")
 
 
 # ---------------------------------------------------------------- what a config asks for
@@ -189,4 +198,6 @@ def eval_inputs(wildcards):
     }
     if is_world(exp):
         inputs["world"] = f"results/{exp}/world"
+    if builds_tasks(exp):
+        inputs["tasks"] = f"results/{exp}/tasks"
     return inputs

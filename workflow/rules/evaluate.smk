@@ -1,5 +1,26 @@
 # One evaluation JSON per model: the teacher, each merged student ({run}) and each SFT student
-# ({run}.sft). The tiny world's tasks come with the world; a hub teacher uses the paper suite.
+# ({run}.sft). The tiny world's tasks come with the world. Any other teacher takes the config's
+# `evaluate.suite`: paper (the hub's datasets), none (held-out perplexity and KL to the teacher
+# only; offline), or local: the lm-eval tasks in `evaluate.tasks_dir`, or, without one, the
+# multiple-choice tasks `lrc tasks` builds from the held-out corpus split (offline; see
+# builds_tasks in common.smk).
+
+
+rule heldout_tasks:
+    input:
+        data="results/{exp}/data/corpus",
+        teacher="results/{exp}/teacher",
+    output:
+        directory("results/{exp}/tasks"),
+    log:
+        "logs/{exp}/tasks.log",
+    benchmark:
+        "benchmarks/{exp}/tasks.tsv"
+    conda:
+        "../envs/lrc.yaml"
+    shell:
+        "lrc tasks --data {input.data}/valid --tokenizer {input.teacher} --out {output} > {log} 2>&1"
+
 
 rule evaluate:
     input:
