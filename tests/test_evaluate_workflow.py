@@ -1,0 +1,45 @@
+"""The workflow's offline evaluation of a non-world teacher: `evaluate: {suite: none}` and
+`evaluate: {suite: local}` (held-out tasks built by `lrc tasks`, or a task directory of one's own)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from tests.helpers import command_options
+from tests.test_workflow import ROOT, shell_commands, snakemake
+
+CONFIG = ROOT / "config" / "paper" / "llama3.2-3b.yaml"
+
+
+def dry_run(tmp_path, evaluate: dict) -> list[str]:
+    config = yaml.safe_load(CONFIG.read_text())
+    (exp, settings), = config["experiments"].items()
+    settings["evaluate"] = evaluate
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = snakemake("-n", "-p", "--forceall", "results/table1.csv", "--configfile", path)
+    assert result.returncode == 0, result.stderr
+    return shell_commands(result.stdout)
+
+
+@pytest.mark.parametrize("evaluate", [{"suite": "local"}, {"suite": "none"}, {"suite": "local", "tasks_dir": "my/tasks"}],
+                         ids=["local-built", "none", "local-own"])
+def test_a_hub_teacher_can_be_evaluated_offline(tmp_path, evaluate):
+    commands = dry_run(tmp_path, evaluate)
+    evaluations = [c for c in commands if " lrc evaluate " in f" {c}"]
+    built = [c for c in commands if re.search(r"\blrc tasks\b", c)]
+    assert len(evaluations) == 4  # the teacher and three students
+    if evaluate == {"suite": "local"}:
+        assert built == ["lrc tasks --data results/llama3.2-3b/data/corpus/valid --tokenizer results/llama3.2-3b/teacher "
+                         "--out results/llama3.2-3b/tasks > logs/llama3.2-3b/tasks.log 2>&1"]
+        assert all("--tasks-dir results/llama3.2-3b/tasks" in c and "--suite local" in c for c in evaluations)
+        flags = set(re.findall(r"--([a-z][a-z0-9-]*)", built[0]))
+        assert {f.replace("-", "_") for f in flags} <= command_options("tasks")
+    elif evaluate["suite"] == "none":
+        assert not built and all("--suite none" in c and "--tasks-dir" not in c for c in evaluations)
+    else:
+        assert not built and all(c.count("--tasks-dir") == 1 and "--tasks-dir my/tasks" in c for c in evaluations)
+    assert all("--heldout results/llama3.2-3b/data/corpus/valid" in c for c in evaluations)
