@@ -147,8 +147,8 @@ def spans(docs: list[list[int]], args: TasksArgs, tokenizer: Any) -> list[tuple[
         if len(ids) < need:
             continue
         cut = cut_point(ids, args.prefix_tokens, tokenizer)
-        decode = lambda part: tokenizer.decode(part, clean_up_tokenization_spaces=False)  # noqa: E731
-        context, continuation = decode(ids[:cut]), decode(ids[cut:cut + args.continuation_tokens])
+        context = tokenizer.decode(ids[:cut], clean_up_tokenization_spaces=False)
+        continuation = tokenizer.decode(ids[cut:cut + args.continuation_tokens], clean_up_tokenization_spaces=False)
         if context.strip() and continuation.strip():
             out.append((context, continuation))
     return out

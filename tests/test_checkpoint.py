@@ -178,7 +178,7 @@ def files_of(step_dir: Path) -> set[str]:
 
 
 def test_a_finished_run_keeps_only_its_final_weights_and_a_rerun_reuses_them(tmp_path):
-    summary, straight = run(tmp_path / "out", keep_checkpoints="final")
+    _, straight = run(tmp_path / "out", keep_checkpoints="final")
     ckpt_dir = tmp_path / "out.ckpt"
     assert [p.name for p in ckpt.list_checkpoints(ckpt_dir)] == [ckpt.step_dir_name(STEPS)]
     final = ckpt_dir / ckpt.step_dir_name(STEPS)

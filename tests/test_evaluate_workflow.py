@@ -16,7 +16,7 @@ CONFIG = ROOT / "config" / "paper" / "llama3.2-3b.yaml"
 
 def dry_run(tmp_path, evaluate: dict) -> list[str]:
     config = yaml.safe_load(CONFIG.read_text())
-    (exp, settings), = config["experiments"].items()
+    (settings,) = config["experiments"].values()
     settings["evaluate"] = evaluate
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -33,8 +33,8 @@ def test_a_hub_teacher_can_be_evaluated_offline(tmp_path, evaluate):
     built = [c for c in commands if re.search(r"\blrc tasks\b", c)]
     assert len(evaluations) == 4  # the teacher and three students
     if evaluate == {"suite": "local"}:
-        assert built == ["lrc tasks --data results/llama3.2-3b/data/corpus/valid --tokenizer results/llama3.2-3b/teacher "
-                         "--out results/llama3.2-3b/tasks > logs/llama3.2-3b/tasks.log 2>&1"]
+        assert built == [("lrc tasks --data results/llama3.2-3b/data/corpus/valid --tokenizer results/llama3.2-3b/teacher "
+                          "--out results/llama3.2-3b/tasks > logs/llama3.2-3b/tasks.log 2>&1")]
         assert all("--tasks-dir results/llama3.2-3b/tasks" in c and "--suite local" in c for c in evaluations)
         flags = set(re.findall(r"--([a-z][a-z0-9-]*)", built[0]))
         assert {f.replace("-", "_") for f in flags} <= command_options("tasks")
