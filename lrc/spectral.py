@@ -162,7 +162,7 @@ def embedding_right_basis(teacher, device="cpu") -> tuple[torch.Tensor, torch.Te
     return _fix_signs(evecs[:, order]).cpu(), evals[order].clamp_min(0).sqrt().cpu()
 
 
-ACTIVATION_STATISTICS = ("normed", "stream")
+ACTIVATION_STATISTICS = ("normed", "gained", "stream")
 
 
 def _stream_readers(teacher) -> list:
@@ -181,6 +181,7 @@ def activation_basis(teacher, input_ids: torch.Tensor, *, statistic: str = "norm
     (default) divides each token's vector by its RMS first, as the norm the stream feeds
     does: each token and layer then weighs the same, and the few massive activations of a
     pretrained model (one dimension at 10⁴ on a few tokens) do not take the top directions.
+    ``gained`` also multiplies by each norm's gain (what the projections after it read);
     ``stream`` uses the raw vectors. float64 sums in a fixed order: a function of the
     teacher and the tokens alone.
     """
@@ -193,11 +194,13 @@ def activation_basis(teacher, input_ids: torch.Tensor, *, statistic: str = "norm
     moment = torch.zeros(H, H, dtype=torch.float64, device=device)
     count = 0
 
-    def accumulate(_module, args):
+    def accumulate(module, args):
         nonlocal count
         x = args[0].detach().reshape(-1, H).to(torch.float64)
-        if statistic == "normed":
+        if statistic != "stream":
             x = x / x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30)
+        if statistic == "gained":
+            x = x * module.weight.detach().to(torch.float64)
         moment.add_(x.T @ x)
         count += x.shape[0]
 

@@ -20,18 +20,25 @@ def calibration() -> torch.Tensor:
     return torch.randint(0, 97, (6, 16), generator=torch.Generator().manual_seed(5))
 
 
-def norm_inputs(teacher, ids: torch.Tensor) -> torch.Tensor:
-    """Every vector the teacher's RMSNorms read on ``ids``, each divided by its RMS: [n, H]."""
+def norm_inputs(teacher, ids: torch.Tensor, gained: bool = False) -> torch.Tensor:
+    """Every vector the teacher's RMSNorms read on ``ids``, each divided by its RMS (and
+    times that norm's gain when ``gained``): [n, H]."""
     seen = []
+
+    def record(m, a):
+        x = a[0].reshape(-1, H).double()
+        x = x / x.pow(2).mean(-1, keepdim=True).sqrt()
+        seen.append(x * m.weight.double() if gained else x)
+
     norms = [m for name, m in teacher.named_modules() if name.endswith("norm")]
-    hooks = [m.register_forward_pre_hook(lambda _m, a: seen.append(a[0].reshape(-1, H).double())) for m in norms]
+    hooks = [m.register_forward_pre_hook(record) for m in norms]
     with torch.no_grad():
         teacher(input_ids=ids)
     for h in hooks:
         h.remove()
     x = torch.cat(seen)
     assert x.shape[0] == ids.numel() * (2 * teacher.config.num_hidden_layers + 1)
-    return x / x.pow(2).mean(-1, keepdim=True).sqrt()
+    return x
 
 
 def test_basis_is_orthonormal_sorted_sign_fixed_and_deterministic(calibration):
@@ -59,6 +66,11 @@ def test_basis_is_the_best_rank_r_subspace_of_what_the_norms_read(calibration):
     want = torch.linalg.eigvalsh(x.T @ x).flip(0)[:r].sum().item() / x.pow(2).sum().item()
     assert abs(kept(v) - want) < 1e-9
     assert kept(v) > kept(spectral_projection(teacher, r)) + 0.01
+    # `gained`: the same optimum for the gain-weighted vectors
+    xg = norm_inputs(teacher, calibration, gained=True)
+    vg = activation_basis(teacher, calibration, statistic="gained")[0][:, :r]
+    best = torch.linalg.eigvalsh(xg.T @ xg).flip(0)[:r].sum().item()
+    assert abs((xg @ vg).pow(2).sum().item() - best) < 1e-9 * best
     # the raw-stream statistic is another subspace (it weighs large vectors more)
     raw = activation_basis(teacher, calibration, statistic="stream")[0][:, :r]
     assert kept(raw) < kept(v)
