@@ -105,11 +105,12 @@ def with_wild_norm_gains(teacher, seed=1):
     return teacher
 
 
+@pytest.mark.parametrize("init", ["spectral", "activations"])
 @pytest.mark.parametrize("kind", TEACHER_KINDS)
-def test_spectral_init_at_full_width_is_the_teacher(monkeypatch, token_batch, kind):
+def test_spectral_init_at_full_width_is_the_teacher(monkeypatch, token_batch, kind, init):
     """At r = H the projection is a rotation: the student computes the teacher, tied or untied."""
     teacher = with_wild_norm_gains(make_teacher(kind))
-    student = full_width_student(monkeypatch, teacher, "spectral")
+    student = full_width_student(monkeypatch, teacher, init, calibration=token_batch.flip(1))
     diff = (student(input_ids=token_batch).logits - teacher(input_ids=token_batch).logits).abs().max()
     assert diff < 1e-4, (kind, diff.item())
     # the tied head carries the final gain in the student's final norm, the untied one in its factor
