@@ -1,7 +1,7 @@
 """`lrc warmstart` and `lrc distill`: LRC distillation of a student from a frozen teacher.
 
 * ``lrc warmstart``: build the plain-LRC (`slice`) student of width ``--student-hidden``
-  (``--init normal|spectral``) and train it with the recipe (default ``lrc``) for
+  (``--init normal|spectral|activations``) and train it with the recipe (default ``lrc``) for
   ``--tokens`` tokens, which may be 0. Writes an LRC state directory.
 * ``lrc distill``: load the warm start, re-parameterise its MLP as ``--arm`` (at step 0 the
   function is unchanged), train, write an LRC state directory. The ``kl`` recipe of
@@ -52,7 +52,11 @@ class _DistillCommon(RecipeArgs, TrainArgs):
     data: Path = field(metadata={"help": "token directory (or a `lrc tokenize` output with train/)"})
     out: Path = field(metadata={"help": "output LRC state directory"})
     bases: Path | None = field(default=None, metadata={"help": "teacher bases from `lrc svd` (spectral init, core/confined/randcomp; computed if omitted)"})
-    init: Literal["normal", "spectral"] = field(default="normal", metadata={"help": "factor init of a new student"})
+    init: Literal["normal", "spectral", "activations"] = field(default="normal", metadata={
+        "help": "factor init of a new student: normal (the reference's N(0, init-std)); spectral (the teacher with its residual stream "
+                "projected onto the top-r right singular vectors of its embedding); activations (projected onto the top-r principal "
+                "directions of the teacher's RMS-normalised residual stream on the first --init-tokens tokens of --data, in file order)"})
+    init_tokens: int = field(default=8192, metadata={"help": "calibration tokens of the activations init (whole rows from the start of --data)"})
     init_std: float = field(default=0.02, metadata={"help": "std of the normal factor init"})
     norm_eps: float | None = field(default=None, metadata={"help": "RMSNorm eps trained and deployed (default: the teacher's)"})
     allow_pickle: bool = field(default=False, metadata={"help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
@@ -60,7 +64,9 @@ class _DistillCommon(RecipeArgs, TrainArgs):
     def __post_init__(self) -> None:
         TrainArgs.__post_init__(self)
         RecipeArgs.__post_init__(self)
-        check_choice("--init", self.init, ("normal", "spectral"))
+        check_choice("--init", self.init, ("normal", "spectral", "activations"))
+        if self.init_tokens < 1:
+            raise LRCError(f"--init-tokens must be positive, got {self.init_tokens}")
 
 
 @dataclass(kw_only=True)
@@ -105,6 +111,18 @@ def _load(args: _DistillCommon):
     return teacher, bases, dataset
 
 
+def calibration_rows(dataset, tokens: int) -> torch.Tensor:
+    """The first rows of ``dataset`` (file order) holding at least ``tokens`` tokens, ``[N, L]``."""
+    rows = min(len(dataset), -(-tokens // dataset.seq_len))
+    return torch.stack([torch.as_tensor(dataset[i]["input_ids"]) for i in range(rows)]).long()
+
+
+def _new_student(args, teacher, bases, dataset):
+    calibration = calibration_rows(dataset, args.init_tokens) if args.init == "activations" else None
+    return build_student(teacher, args.student_hidden, init=args.init, init_std=args.init_std, bases=bases, seed=args.seed,
+                         norm_eps=args.norm_eps, calibration=calibration)
+
+
 def _train_and_save(command: str, args: _DistillCommon, teacher, student, dataset, **meta) -> None:
     targs = train_args_from(args)
     objective = CloneObjective(teacher, student, _recipe(args))
@@ -122,7 +140,7 @@ def _train_and_save(command: str, args: _DistillCommon, teacher, student, datase
 def main_warmstart(argv: Sequence[str] | None = None) -> int:
     args = parse_args(WarmstartArgs, argv, prog="lrc warmstart")
     teacher, bases, dataset = _load(args)
-    student = build_student(teacher, args.student_hidden, init=args.init, init_std=args.init_std, bases=bases, seed=args.seed, norm_eps=args.norm_eps)
+    student = _new_student(args, teacher, bases, dataset)
     _train_and_save("warmstart", args, teacher, student, dataset)
     return 0
 
@@ -135,7 +153,7 @@ def main_distill(argv: Sequence[str] | None = None) -> int:
         if arm_of(student) != "slice":
             raise LRCError(f"--warmstart {args.warmstart} holds a {arm_of(student)!r} student; a warm start is a slice student")
     else:
-        student = build_student(teacher, args.student_hidden, init=args.init, init_std=args.init_std, bases=bases, seed=args.seed, norm_eps=args.norm_eps)
+        student = _new_student(args, teacher, bases, dataset)
     apply_arm(student, teacher, args.arm, bases=bases, seed=args.seed, core_impl=args.core_impl)
     _train_and_save("distill", args, teacher, student, dataset, arm=args.arm, warmstart=str(args.warmstart) if args.warmstart else None)
     return 0

@@ -10,7 +10,9 @@ on the side the reachability gap lives on, always as a *column-oriented* matrix
 
 Also stored: the singular values, and the right singular vectors of the embedding matrix
 ``E [V, H]`` (``embed.V [H, H]``, columns by decreasing singular value), which the
-spectral factor init (:mod:`lrc.student`) uses as its shared projection.
+spectral factor init (:mod:`lrc.student`) uses as its shared projection. Not stored (it
+needs data, not just weights): :func:`activation_basis`, the principal directions of the
+teacher's residual stream on calibration tokens, the ``activations`` init's projection.
 
 Precision and determinism: the SVDs run in float64 on the CPU and are stored as float32
 safetensors. Each singular vector's sign is fixed so that its largest-magnitude entry is
@@ -158,6 +160,60 @@ def embedding_right_basis(teacher, device="cpu") -> tuple[torch.Tensor, torch.Te
     evals, evecs = torch.linalg.eigh(e.T @ e)  # cheaper than the SVD of a [V, H] matrix
     order = torch.argsort(evals, descending=True)
     return _fix_signs(evecs[:, order]).cpu(), evals[order].clamp_min(0).sqrt().cpu()
+
+
+ACTIVATION_STATISTICS = ("normed", "gained", "stream")
+
+
+def _stream_readers(teacher) -> list:
+    """Every RMSNorm that reads the residual stream: both of each layer's and the final one."""
+    layers = teacher.model.layers
+    return [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)] + [teacher.model.norm]
+
+
+@torch.no_grad()
+def activation_basis(teacher, input_ids: torch.Tensor, *, statistic: str = "normed", batch_size: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Principal directions ``[H, H]`` (sign-fixed, by decreasing value) and RMS values of
+    the teacher's residual stream where its RMSNorms read it, on ``input_ids [N, L]``.
+
+    The second moment is uncentred (the student projects the stream itself, not its
+    deviation from a mean) and pooled over every norm input of every layer. ``normed``
+    (default) divides each token's vector by its RMS first, as the norm the stream feeds
+    does: each token and layer then weighs the same, and the few massive activations of a
+    pretrained model (one dimension at 10⁴ on a few tokens) do not take the top directions.
+    ``gained`` also multiplies by each norm's gain (what the projections after it read);
+    ``stream`` uses the raw vectors. float64 sums in a fixed order: a function of the
+    teacher and the tokens alone.
+    """
+    if statistic not in ACTIVATION_STATISTICS:
+        raise LRCError(f"activation statistic {statistic!r}: choose one of {', '.join(ACTIVATION_STATISTICS)}")
+    if input_ids.dim() != 2 or input_ids.numel() == 0:
+        raise LRCError(f"calibration tokens must be a non-empty [rows, seq_len] tensor, got shape {tuple(input_ids.shape)}")
+    H = teacher.config.hidden_size
+    device = teacher.model.embed_tokens.weight.device
+    moment = torch.zeros(H, H, dtype=torch.float64, device=device)
+    count = 0
+
+    def accumulate(module, args):
+        nonlocal count
+        x = args[0].detach().reshape(-1, H).to(torch.float64)
+        if statistic != "stream":
+            x = x / x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-30)
+        if statistic == "gained":
+            x = x * module.weight.detach().to(torch.float64)
+        moment.add_(x.T @ x)
+        count += x.shape[0]
+
+    hooks = [n.register_forward_pre_hook(accumulate) for n in _stream_readers(teacher)]
+    try:
+        for chunk in input_ids.split(batch_size):
+            teacher.model(input_ids=chunk.to(device), use_cache=False)  # the stream only: no head
+    finally:
+        for h in hooks:
+            h.remove()
+    evals, evecs = torch.linalg.eigh((moment / count).cpu())
+    order = torch.argsort(evals, descending=True)
+    return _fix_signs(evecs[:, order]), evals[order].clamp_min(0).sqrt()
 
 
 def _fingerprinted_weights(teacher):

@@ -16,15 +16,25 @@ teacher's storage when dtypes agree, fp32 factors otherwise get an fp32 copy).
   :func:`lrc.reach.apply_arm`, the arm's MLP tensors).
 
 Factor init: ``"normal"`` = the reference's N(0, init_std) for every factor (seeded);
-``"spectral"`` = one shared orthonormal projection ``V_r [H, r]``, the top-r right singular
-vectors of the teacher's embedding matrix (``bases.embed_V``, :mod:`lrc.spectral`): the
-student starts as the teacher with its residual stream projected onto those r directions.
-Factors that write into the residual stream (embedding, o, down) are ``V_rᵀ``; factors
-that read it through an RMSNorm (q/k/v, gate/up, and an untied head) are
-``diag(g)·V_r·sqrt(H/r)`` with g the teacher's norm gain there (the student's own norms
-start at 1) and sqrt(H/r) the change of an RMS over r instead of H coordinates when the
-stream's energy lies in the span. A tied head shares ``V_rᵀ`` with the embedding, so the
-final norm gain is not folded in. At r = H this is the teacher exactly (up to rotation).
+``"spectral"`` and ``"activations"`` = one shared orthonormal projection ``V_r [H, r]``: the
+student starts as the teacher with its residual stream projected onto r directions. They
+differ only in the directions: ``spectral``, the top-r right singular vectors of the
+teacher's embedding matrix (``bases.embed_V``, :mod:`lrc.spectral`); ``activations``, the
+top-r principal directions of the teacher's RMS-normalised residual stream on calibration
+tokens (:func:`lrc.spectral.activation_basis`, in the spirit of RED). Factors that write
+into the residual stream (embedding, o, down) are ``V_rᵀ``; factors that read it through an
+RMSNorm (q/k/v, gate/up, and an untied head) are ``diag(g)·V_r·sqrt(H/r)`` with g the
+teacher's norm gain there (the student's own norms start at 1) and sqrt(H/r) the change of
+an RMS over r instead of H coordinates when the stream's energy lies in the span.
+
+A tied head shares ``V_rᵀ`` with the embedding, so the final norm gain g cannot go into a
+factor; the student's final norm must carry it, and a norm gain is diagonal in the
+student's coordinates while ``V_rᵀ·diag(g)·V_r`` is not. Only span(V_r) matters, though
+(every other student norm starts at 1, which commutes with rotations), so for a tied
+teacher V_r is rotated within its span to the eigenvectors W of ``V_rᵀ·diag(g)·V_r = W Λ
+Wᵀ`` and the final norm starts at ``Λ·sqrt(H/r)``: the head then computes ``E·Π·diag(g)·Π``
+(Π = V_r·V_rᵀ), the gain compressed to the span. At r = H this is the teacher exactly (up to
+rotation), tied or untied.
 
 LRC state directory: ``student.safetensors`` (trainable tensors, frozen biases, the
 full-reach arms' P_down buffer; shared tensors stored once) and ``lrc.json`` (arm, r, eps,
@@ -65,9 +75,9 @@ from lrc.reach import (
     TeacherTimesFactorT,
     apply_arm,
 )
-from lrc.spectral import embedding_right_basis
+from lrc.spectral import activation_basis, embedding_right_basis
 
-INITS = ("normal", "spectral")
+INITS = ("normal", "spectral", "activations")
 STATE_FILE = "student.safetensors"
 STATE_META = "lrc.json"
 FACTOR_DTYPE = torch.float32
@@ -127,14 +137,39 @@ def spectral_projection(teacher, r: int, bases=None) -> torch.Tensor:
     return v[:, :r].to(FACTOR_DTYPE).contiguous()
 
 
+def init_projection(teacher, r: int, init: str, bases=None, calibration=None) -> torch.Tensor:
+    """``V_r [H, r]`` (orthonormal columns) of the ``spectral`` or ``activations`` init."""
+    if init == "spectral":
+        return spectral_projection(teacher, r, bases)
+    if calibration is None:
+        raise LRCError("activations init needs calibration tokens (build_student(..., calibration=input_ids))")
+    return activation_basis(teacher, calibration)[0][:, :r].to(FACTOR_DTYPE).contiguous()
+
+
+def fold_tied_head_gain(v: torch.Tensor, gain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(V_r·W, Λ)`` with ``V_rᵀ·diag(gain)·V_r = W·diag(Λ)·Wᵀ`` (float64 eigh, signs fixed):
+    the same span in the basis where the final norm gain is diagonal (module doc)."""
+    v64 = v.double()
+    evals, w = torch.linalg.eigh(v64.T @ (gain.detach().to("cpu", torch.float64)[:, None] * v64))
+    idx = w.abs().argmax(dim=0)  # sign convention of lrc.spectral: largest entry positive
+    w = w * torch.sign(w[idx, torch.arange(w.shape[1])])
+    return (v64 @ w).to(FACTOR_DTYPE).contiguous(), evals.to(FACTOR_DTYPE)
+
+
 class _FactorInit:
     """Fresh factors: ``input_side(gain)`` ([H, r], read the residual stream through a norm)
-    and ``output_side()`` ([r, H], write into it / embed)."""
+    and ``output_side()`` ([r, H], write into it / embed); ``final_gain``: the student's
+    final norm weight to start from (a tied projection init), else None (ones)."""
 
-    def __init__(self, teacher, r, init, init_std, bases, seed):
+    def __init__(self, teacher, r, init, init_std, bases, seed, calibration=None):
         self.H, self.r, self.init, self.std = teacher.config.hidden_size, r, init, init_std
         self.g = torch.Generator().manual_seed(seed)
-        self.v = spectral_projection(teacher, r, bases) if init == "spectral" else None
+        self.v = self.final_gain = None
+        if init != "normal":
+            self.v = init_projection(teacher, r, init, bases, calibration)
+            if getattr(teacher.config, "tie_word_embeddings", False):
+                self.v, lam = fold_tied_head_gain(self.v, teacher.model.norm.weight)
+                self.final_gain = lam * (self.H / r) ** 0.5
 
     def _normal(self, *shape):
         return torch.randn(*shape, generator=self.g, dtype=FACTOR_DTYPE) * self.std
@@ -150,9 +185,11 @@ class _FactorInit:
     def output_side(self) -> torch.Tensor:
         return self._normal(self.r, self.H) if self.v is None else self.v.T.clone()
 
-
-def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: float = 0.02, bases=None, seed: int = 0, norm_eps: float | None = None):
+def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: float = 0.02, bases=None, seed: int = 0,
+                  norm_eps: float | None = None, calibration: torch.Tensor | None = None):
     """The plain-LRC (`slice`) student of width ``hidden_size`` for ``teacher``.
+
+    ``calibration``: token ids ``[N, L]`` the ``activations`` init runs the teacher on.
 
     Freezes ``teacher``: its weights are the student's frozen buffers (shared storage), and
     this is where an LRC run's teacher is frozen, once (:mod:`lrc.hf`)."""
@@ -164,7 +201,7 @@ def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: 
     with no_init_weights():
         student = type(teacher)(cfg).to(FACTOR_DTYPE)
     device = teacher.model.embed_tokens.weight.device
-    make = _FactorInit(teacher, hidden_size, init, init_std, bases, seed)
+    make = _FactorInit(teacher, hidden_size, init, init_std, bases, seed, calibration)
 
     for s_layer, t_layer in zip(student.model.layers, teacher.model.layers):
         s_attn, t_attn = s_layer.self_attn, t_layer.self_attn
@@ -193,6 +230,8 @@ def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: 
         for name, p in student.named_parameters():
             if "norm" in name:
                 p.fill_(1.0)
+        if make.final_gain is not None:
+            student.model.norm.weight.copy_(make.final_gain)
     for name, p in student.named_parameters():
         p.requires_grad_(name.endswith(".original") or "norm" in name)
     student.lrc_info = {
@@ -207,6 +246,8 @@ def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: 
         "norm_eps": cfg.rms_norm_eps,
         "tie_word_embeddings": tied,
     }
+    if init == "activations":
+        student.lrc_info["init_calibration_tokens"] = int(calibration.numel())
     return student.to(device).eval()
 
 

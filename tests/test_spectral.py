@@ -8,8 +8,8 @@ import torch
 import lrc.student
 from lrc.errors import LRCError
 from lrc.spectral import compute_bases, load_bases, mlp_teacher_matrix, save_bases
-from lrc.student import build_student, student_config
-from tests.helpers import make_teacher
+from lrc.student import build_student, fold_tied_head_gain, spectral_projection, student_config
+from tests.helpers import TEACHER_KINDS, make_teacher
 
 H = 32
 
@@ -82,19 +82,57 @@ def test_spectral_student_starts_near_the_teacher(token_batch):
         assert errs["spectral"] < 0.5 < 0.9 < errs["normal"], (kind, errs)
 
 
-def test_spectral_init_at_full_width_is_the_teacher(monkeypatch, token_batch):
-    """At r = H the projection is a rotation: the untied student computes the teacher."""
-    teacher = make_teacher("qwen2-untied")
+def full_width_student(monkeypatch, teacher, init, **kw):
+    """The student at r = H (build_student refuses r = H; lift only that check)."""
 
-    def full_width(cfg, r, eps=None):  # build_student refuses r = H; lift only that check
+    def full_width(cfg, r, eps=None):
         out = student_config(cfg, H - 1, eps)
         out.hidden_size = H
         return out
 
     monkeypatch.setattr(lrc.student, "student_config", full_width)
-    student = build_student(teacher, H, init="spectral")
+    return build_student(teacher, H, init=init, **kw)
+
+
+def with_wild_norm_gains(teacher, seed=1):
+    """Norm gains drawn from [-2, 3] (a pretrained model's final norm spans about -2 ... 3):
+    a tied head that ignores the final gain is then far from the teacher."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in teacher.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.rand(p.shape, generator=g) * 5 - 2)
+    return teacher
+
+
+@pytest.mark.parametrize("init", ["spectral", "activations"])
+@pytest.mark.parametrize("kind", TEACHER_KINDS)
+def test_spectral_init_at_full_width_is_the_teacher(monkeypatch, token_batch, kind, init):
+    """At r = H the projection is a rotation: the student computes the teacher, tied or untied."""
+    teacher = with_wild_norm_gains(make_teacher(kind))
+    student = full_width_student(monkeypatch, teacher, init, calibration=token_batch.flip(1))
     diff = (student(input_ids=token_batch).logits - teacher(input_ids=token_batch).logits).abs().max()
-    assert diff < 1e-5
+    assert diff < 1e-4, (kind, diff.item())
+    # the tied head carries the final gain in the student's final norm, the untied one in its factor
+    final = student.model.norm.weight
+    if teacher.config.tie_word_embeddings:
+        torch.testing.assert_close(final.sort().values, teacher.model.norm.weight.sort().values, rtol=0, atol=1e-5)
+    else:
+        assert torch.equal(final, torch.ones(H))
+
+
+def test_tied_gain_fold_keeps_the_span_and_diagonalises_the_gain():
+    teacher = with_wild_norm_gains(make_teacher("llama-tied"))
+    v = spectral_projection(teacher, 12)
+    gain = teacher.model.norm.weight
+    rotated, lam = fold_tied_head_gain(v, gain)
+    torch.testing.assert_close(rotated @ rotated.T, v @ v.T, rtol=0, atol=1e-5)  # same span
+    compressed = rotated.T @ torch.diag(gain) @ rotated
+    torch.testing.assert_close(compressed, torch.diag(lam), rtol=0, atol=1e-5)
+    # below full width the student's final norm starts at the compressed gain, times sqrt(H/r)
+    student = build_student(teacher, 12, init="spectral")
+    torch.testing.assert_close(student.model.norm.weight, lam * (H / 12) ** 0.5)
+    torch.testing.assert_close(student.model.embed_tokens.parametrizations.weight.original, rotated.T)
 
 
 def test_mismatched_bases_are_refused():
