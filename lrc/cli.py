@@ -17,6 +17,7 @@ from lrc.errors import LRCError
 COMMANDS: dict[str, tuple[str, str]] = {
     "world": ("lrc.world", "generate the built-in tiny world (corpus, tokenizer, tasks, teacher config)"),
     "download": ("lrc.download", "download a teacher from the Hugging Face hub (pinned revision)"),
+    "import-teacher": ("lrc.import_teacher", "import a local teacher (HF directory or GGUF file, dequantised) offline"),
     "tokenize": ("lrc.tokenize", "tokenise a corpus or chat set into a memory-mapped token file"),
     "pretrain": ("lrc.pretrain", "pretrain a plain model from a config (the tiny-world teacher)"),
     "svd": ("lrc.svd", "compute the teacher's MLP singular bases once"),

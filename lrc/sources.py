@@ -1,7 +1,8 @@
 """Where `lrc tokenize` reads its records: local files, dataset repositories, mixtures.
 
-A source is a local ``.jsonl``/``.json``/``.txt``/``.parquet`` file, a `datasets` hub id, or
-a local directory that `datasets` reads like one. A corpus may mix several sources
+A source is a local ``.jsonl``/``.json``/``.txt``/``.parquet`` file, a `datasets` hub id, a
+local directory that `datasets` reads like one, or a built-in corpus (:data:`BUILTIN_SOURCES`:
+``python-stdlib-docs``, the docstrings of Python's own standard library, on every machine). A corpus may mix several sources
 (``--mixture FILE``, a YAML list of :class:`SourceSpec` entries): :func:`mix` interleaves
 their documents so that each source's token count tracks its share, and a row filter
 (``filter_field``/``filter_min``) keeps only records scoring at least a threshold.
@@ -9,8 +10,14 @@ their documents so that each source's token count tracks its share, and a row fi
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib
+import inspect
 import json
 import os
+import sys
+import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -23,19 +30,115 @@ LOCAL_SUFFIXES = (".jsonl", ".json", ".txt", ".parquet")
 
 
 def is_local_source(source: str) -> bool:
+    if source in BUILTIN_SOURCES:
+        return True
     return Path(source).exists() or source.endswith(LOCAL_SUFFIXES) or source.startswith((".", "/", "~"))
 
 
 def _is_dataset_repo(source: str) -> bool:
     """A hub id, or a local directory that `datasets` reads like one (a clone, or a stand-in)."""
-    return Path(source).is_dir() or not is_local_source(source)
+    return source not in BUILTIN_SOURCES and (Path(source).is_dir() or not is_local_source(source))
+
+
+# ---------------------------------------------------------------------------------------
+# A built-in real corpus: Python's standard-library docstrings
+
+# Pure-Python modules with substantial English docstrings, present in every CPython >= 3.10
+# build (none of the optional C extensions like ssl/sqlite3/tkinter, none removed by PEP 594,
+# none that act on import like `this`). Sorted; the order of the corpus is this order.
+STDLIB_DOC_MODULES = tuple(sorted("""
+    abc argparse ast asyncio.base_events asyncio.events asyncio.futures asyncio.locks
+    asyncio.queues asyncio.streams asyncio.subprocess asyncio.tasks base64 bdb bisect calendar
+    cmd code codecs collections colorsys concurrent.futures compileall configparser contextlib
+    copy copyreg csv dataclasses datetime difflib dis doctest email.charset email.message
+    email.parser email.utils enum filecmp fileinput fnmatch fractions ftplib functools
+    getopt getpass gettext glob graphlib gzip hashlib heapq hmac html html.parser http.client
+    http.cookiejar http.cookies http.server imaplib importlib importlib.abc importlib.metadata
+    importlib.resources inspect io ipaddress json json.decoder json.encoder keyword linecache
+    locale logging logging.config logging.handlers mailbox mimetypes modulefinder
+    multiprocessing.connection multiprocessing.context multiprocessing.managers
+    multiprocessing.pool multiprocessing.process netrc numbers
+    operator optparse os pathlib pdb pickle pickletools pkgutil platform plistlib poplib
+    posixpath pprint profile pstats py_compile pyclbr pydoc queue quopri random re reprlib
+    rlcompleter runpy sched secrets selectors shelve shlex shutil signal site smtplib
+    socket socketserver stat statistics string stringprep struct subprocess symtable
+    sysconfig tabnanny tarfile tempfile textwrap threading timeit token tokenize trace
+    traceback tracemalloc types typing unittest.case unittest.loader unittest.mock
+    unittest.result unittest.runner unittest.suite urllib.error urllib.parse
+    urllib.request urllib.response urllib.robotparser uuid warnings wave weakref
+    webbrowser wsgiref.handlers wsgiref.simple_server wsgiref.util xml.dom.minidom
+    xml.dom.pulldom xml.etree.ElementTree xml.sax.handler xml.sax.saxutils xmlrpc.client
+    xmlrpc.server zipapp zipfile zipimport
+""".split()))
+STDLIB_DOCS_LICENSE = "PSF-2.0 (Python Software Foundation License; the docstrings of CPython's standard library)"
+
+
+def stdlib_documents(modules: Sequence[str] = STDLIB_DOC_MODULES) -> Iterator[dict]:
+    """One document per module: its docstring, then those of its public classes (with their
+    methods) and functions, in name order; ``{"name": module, "text": ...}``. A module this
+    Python lacks is left out (the manifest records the Python version and the text's hash)."""
+    for name in modules:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                module = importlib.import_module(name)
+        except ImportError:
+            continue
+        text = "\n\n".join(_module_docstrings(module))
+        if text:
+            yield {"name": name, "text": text}
+
+
+def _own_doc(obj: Any) -> str:
+    doc = obj.__dict__.get("__doc__") if isinstance(obj, type) else getattr(obj, "__doc__", None)
+    return inspect.cleandoc(doc) if isinstance(doc, str) and doc.strip() else ""
+
+
+def _module_docstrings(module: Any) -> Iterator[str]:
+    if doc := _own_doc(module):
+        yield doc
+    for attr, obj in sorted(vars(module).items()):
+        if attr.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+            continue  # private, or imported from elsewhere (documented there)
+        if isinstance(obj, type):
+            if doc := _own_doc(obj):
+                yield f"{obj.__qualname__}\n{doc}"
+            for meth_name, meth in sorted(vars(obj).items()):
+                if not meth_name.startswith("_") and inspect.isfunction(meth) and (doc := _own_doc(meth)):
+                    yield f"{obj.__qualname__}.{meth_name}\n{doc}"
+        elif inspect.isfunction(obj) and (doc := _own_doc(obj)):
+            yield f"{attr}\n{doc}"
+
+
+def builtin_source_info(source: str) -> dict | None:
+    return dict(_builtin_info(source)) if source in BUILTIN_SOURCES else None
+
+
+@functools.lru_cache(maxsize=None)
+def _builtin_info(source: str) -> dict:
+    """What the manifest records about a built-in corpus: its licence, the Python version
+    that produced it and the SHA-256 of its text (documents in order)."""
+    h = hashlib.sha256()
+    docs = 0
+    for record in BUILTIN_SOURCES[source]():
+        h.update(record["name"].encode() + b"\0" + record["text"].encode() + b"\0")
+        docs += 1
+    return {"builtin": source, "license": STDLIB_DOCS_LICENSE, "python": sys.version.split()[0],
+            "corpus_documents": docs, "text_sha256": h.hexdigest()}
+
+
+BUILTIN_SOURCES = {"python-stdlib-docs": stdlib_documents}
 
 
 def iter_records(source: str, *, split: str = "train", dataset_config: str | None = None,
                  revision: str | None = None) -> Iterator[dict]:
     """Records (dicts) from a local .jsonl/.json/.txt/.parquet file or a `datasets` hub id
     (``revision``: a branch, tag or commit of the dataset repository)."""
-    if _is_dataset_repo(source):
+    if source in BUILTIN_SOURCES:
+        if revision is not None:
+            raise LRCError(f"source {source}: --revision applies to dataset repositories, not to a built-in corpus")
+        yield from BUILTIN_SOURCES[source]()
+    elif _is_dataset_repo(source):
         yield from _iter_hub(source, split=split, dataset_config=dataset_config, revision=revision)
     else:
         if revision is not None:

@@ -4,6 +4,15 @@ Plain text follows the LRC recipe: each document becomes ``eos + text + bos``, t
 without special tokens, concatenated and cut into rows of ``seq_len`` (the tail that does
 not fill a row is dropped). Chat data is rendered with the tokenizer's own chat template.
 
+The document separator (``--separator``, :func:`resolve_separator`): ``eos-bos`` is that
+recipe; a token (``--separator '<|endoftext|>'``) puts just that token before each document;
+``auto`` (the default) takes the tokenizer's end-of-text token, the first of
+:data:`END_OF_TEXT_TOKENS` in its vocabulary, else its eos. When that token *is* its eos (a
+base model's tokenizer: Llama-3, Qwen2.5, the tiny world) ``auto`` is ``eos-bos``, so those
+corpora are unchanged; when it is not (an instruct tokenizer whose eos ends a chat turn, as
+SmolLM2-Instruct's ``<|im_end|>`` beside ``<|endoftext|>``), documents are ``token + text``
+and never wrapped in chat markers.
+
 The records come from one source or a mixture of several (lrc.sources); each source's
 dataset revision, filter and counts go into the manifest. The directory format is
 lrc.tokens's.
@@ -22,21 +31,51 @@ from lrc.errors import LRCError
 from lrc.hf import load_tokenizer
 from lrc.options import parse_args
 from lrc.provenance import write_settings
-from lrc.sources import SourceSpec, iter_records, load_mixture, mix, record_field
+from lrc.sources import BUILTIN_SOURCES, SourceSpec, builtin_source_info, iter_records, load_mixture, mix, record_field
 from lrc.tokens import TokenWriter, check_vocab, read_manifest
 
 # ---------------------------------------------------------------------------------------
 # Documents -> token ids (+ mask)
 
 
-def text_ids(tokenizer: Any, text: str) -> list[int]:
-    """METHOD.md's recipe for one document: eos + text + bos, no special tokens added."""
-    return _wrap_document(tokenizer, tokenizer(text, add_special_tokens=False)["input_ids"])
+# Names a tokenizer gives its end-of-text token (GPT-2/SmolLM/Qwen, Llama-3, SentencePiece).
+END_OF_TEXT_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>")
+EOS_BOS = "eos-bos"
 
 
-def _wrap_document(tokenizer: Any, ids: Sequence[int]) -> list[int]:
-    tail = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []  # Qwen has no bos
-    return [tokenizer.eos_token_id] + list(ids) + tail
+@dataclass(frozen=True)
+class Separator:
+    """What goes around each document: ``head + text + tail`` (token ids)."""
+
+    head: tuple[int, ...]
+    tail: tuple[int, ...]
+    layout: str  # for the manifest, e.g. "eos+text+bos" or "<|endoftext|>+text"
+
+    def wrap(self, ids: Sequence[int]) -> list[int]:
+        return [*self.head, *ids, *self.tail]
+
+
+def resolve_separator(tokenizer: Any, rule: str = "auto") -> Separator:
+    """The document separator of ``--separator rule`` (see the module doc)."""
+    vocab = tokenizer.get_vocab()
+    if rule == "auto":
+        token = next((t for t in END_OF_TEXT_TOKENS if t in vocab), tokenizer.eos_token)
+        rule = EOS_BOS if token is None or vocab.get(token) == tokenizer.eos_token_id else token
+    if rule == EOS_BOS:
+        if tokenizer.eos_token_id is None:
+            raise LRCError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no eos token; --separator eos-bos needs one")
+        tail = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()  # Qwen has no bos
+        return Separator((tokenizer.eos_token_id,), tail, "eos+text+bos" if tail else "eos+text")
+    if rule not in vocab:
+        raise LRCError(f"--separator {rule!r}: not a token of tokenizer {getattr(tokenizer, 'name_or_path', '')!r} "
+                       f"(give a token of its vocabulary, {EOS_BOS!r} or 'auto')")
+    return Separator((vocab[rule],), (), f"{rule}+text")
+
+
+def text_ids(tokenizer: Any, text: str, separator: Separator | None = None) -> list[int]:
+    """One document's ids: METHOD.md's recipe eos + text + bos unless ``separator`` says otherwise."""
+    separator = separator or resolve_separator(tokenizer, EOS_BOS)
+    return separator.wrap(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def chat_ids(tokenizer: Any, messages: Sequence[dict]) -> tuple[list[int], list[int]]:
@@ -101,9 +140,10 @@ def _pad_row(ids: list[int], mask: list[int], seq_len: int, pad_id: int) -> tupl
             np.asarray(mask + [0] * fill, dtype=np.uint8)[None])
 
 
-def _in_valid(index: int, fraction: float) -> bool:
-    # A fixed hash of the document index: a deterministic, streaming-friendly split.
-    return zlib.crc32(index.to_bytes(8, "little")) / 2**32 < fraction
+def _in_valid(key: int | str, fraction: float) -> bool:
+    # A fixed hash of the document's index (or name): a deterministic, streaming-friendly split.
+    data = key.encode("utf-8") if isinstance(key, str) else key.to_bytes(8, "little")
+    return zlib.crc32(data) / 2**32 < fraction
 
 
 # ---------------------------------------------------------------------------------------
@@ -133,6 +173,7 @@ class TokenizeArgs:
     valid_fraction: float = field(default=0.01, metadata={"help": "fraction of documents split off into valid/ (no --valid-source)"})
     valid_rows: int | None = field(default=None, metadata={"help": "instead: the first documents fill this many valid rows"})
     model_vocab: int | None = field(default=None, metadata={"help": "refuse a tokenizer larger than this embedding size"})
+    separator: str = field(default="auto", metadata={"help": "document separator: 'auto' (the tokenizer's end-of-text token, <|endoftext|> / <|end_of_text|> / </s>, else eos; eos-bos when that is its eos), 'eos-bos' (eos + text + bos, the LRC recipe) or a token of the vocabulary put before each document"})
 
     def __post_init__(self) -> None:
         if (self.source is None) == (self.mixture is None):
@@ -162,10 +203,14 @@ class TokenizeArgs:
         return load_mixture(self.mixture) if self.mixture is not None else [self.spec(self.source)]
 
 
-def _documents(spec: SourceSpec, tokenizer: Any, *, masked_chat: bool) -> Iterator[tuple[list[int], list[int] | None]]:
+Document = tuple[list[int], "list[int] | None", "str | None"]  # ids, assistant mask, split name
+
+
+def _documents(spec: SourceSpec, tokenizer: Any, *, masked_chat: bool, separator: Separator) -> Iterator[Document]:
     """Token ids of each kept record: with ``masked_chat`` (SFT data) a rendered conversation
-    and its assistant mask; otherwise ``eos + text + bos``, where a chat source's text is its
-    conversation rendered with the chat template."""
+    and its assistant mask; otherwise ``separator``-wrapped text, where a chat source's text is
+    its conversation rendered with the chat template. The third item is the name that assigns
+    the document to valid/ (a built-in corpus's document name; None: its index does)."""
     if spec.chat and not getattr(tokenizer, "chat_template", None):
         raise LRCError(f"source {spec.source}: a chat source needs a tokenizer with a chat template; "
                        f"{getattr(tokenizer, 'name_or_path', '')!r} has none")
@@ -173,15 +218,17 @@ def _documents(spec: SourceSpec, tokenizer: Any, *, masked_chat: bool) -> Iterat
                                        revision=spec.revision) if spec.keeps(r))
     if masked_chat:
         for record in records:
-            yield chat_ids(tokenizer, _messages(record, spec))
+            yield *chat_ids(tokenizer, _messages(record, spec)), None
         return
-    for texts in _batched(_texts(records, spec, tokenizer), 256):
+    for batch in _batched(_texts(records, spec, tokenizer), 256):
         # Batched calls let the fast tokenizer use its own threads.
-        for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-            yield _wrap_document(tokenizer, ids), None
+        names, texts = zip(*batch)
+        for name, ids in zip(names, tokenizer(list(texts), add_special_tokens=False)["input_ids"]):
+            yield separator.wrap(ids), None, name
 
 
-def _texts(records: Iterable[dict], spec: SourceSpec, tokenizer: Any) -> Iterator[str]:
+def _texts(records: Iterable[dict], spec: SourceSpec, tokenizer: Any) -> Iterator[tuple[str | None, str]]:
+    named = spec.source in BUILTIN_SOURCES  # its documents are split by name, not by position
     for record in records:
         if spec.chat:
             text = _render(tokenizer, _messages(record, spec), add_generation_prompt=False)
@@ -190,7 +237,7 @@ def _texts(records: Iterable[dict], spec: SourceSpec, tokenizer: Any) -> Iterato
             if not isinstance(text, str):
                 raise LRCError(f"source {spec.source}: field {spec.text_field!r} must be a string, got {type(text).__name__}")
         if text:
-            yield text
+            yield (record["name"] if named else None), text
 
 
 # ShareGPT-style turns ({"from": "human", "value": ...}, as in OpenHermes-2.5) -> chat-template roles.
@@ -224,6 +271,23 @@ def _batched(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
         yield batch
 
 
+def _split_rule(args: TokenizeArgs, specs: list[SourceSpec]) -> str:
+    """How valid/ was split from train/, in words, for the manifest."""
+    if args.valid_source is not None:
+        return f"valid/ from --valid-source {args.valid_source}"
+    if args.valid_rows is not None:
+        return f"the first documents fill {args.valid_rows} valid rows"
+    keys = sorted({"document name" if s.source in BUILTIN_SOURCES else "document index" for s in specs})
+    return f"crc32({' / '.join(keys)}) / 2**32 < {args.valid_fraction}"
+
+
+def _source_records(which_specs: list[SourceSpec], counts: list[list[int]], corpus: dict) -> list[dict]:
+    """The manifest's ``sources``: each source's settings and counts; a built-in corpus adds
+    its licence, Python version and text hash; every entry the separator and split rule."""
+    return [{**asdict(s), "documents": d, "document_tokens": t, **corpus, **(builtin_source_info(s.source) or {})}
+            for s, (d, t) in zip(which_specs, counts)]
+
+
 def tokenize(args: TokenizeArgs) -> dict[str, Path]:
     """Run `lrc tokenize`; returns the written ``train`` and ``valid`` directories."""
     tokenizer = load_tokenizer(args.tokenizer)
@@ -234,6 +298,9 @@ def tokenize(args: TokenizeArgs) -> dict[str, Path]:
     specs = args.specs()
     valid_specs = [args.spec(args.valid_source)] if args.valid_source is not None else specs
     name = args.source or str(args.mixture)
+    separator = resolve_separator(tokenizer, args.separator)
+    corpus = {"separator": args.separator, "document_layout": "chat template" if args.chat else separator.layout,
+              "valid_split": _split_rule(args, specs)}
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     out = Path(args.out)
     common = dict(seq_len=args.seq_len, vocab_size=len(tokenizer), with_mask=args.chat, tokenizer=tokenizer)
@@ -241,8 +308,8 @@ def tokenize(args: TokenizeArgs) -> dict[str, Path]:
     # Per split and source: documents and their tokens (before cutting into rows).
     counts = {"train": [[0, 0] for _ in specs], "valid": [[0, 0] for _ in valid_specs]}
 
-    def stream(which_specs: list[SourceSpec]) -> Iterator[tuple[int, tuple[list[int], list[int] | None]]]:
-        docs = [_documents(s, tokenizer, masked_chat=args.chat) for s in which_specs]
+    def stream(which_specs: list[SourceSpec]) -> Iterator[tuple[int, Document]]:
+        docs = [_documents(s, tokenizer, masked_chat=args.chat, separator=separator) for s in which_specs]
         return mix(docs, [s.share for s in which_specs], size=lambda doc: len(doc[0]))
 
     with (TokenWriter(out / "train", source=name, cap=train_cap, **common) as train,
@@ -260,18 +327,18 @@ def tokenize(args: TokenizeArgs) -> dict[str, Path]:
             if got is not None:
                 writers[which].append(*got)
 
-        for i, (k, (ids, mask)) in enumerate(stream(specs)):
+        for i, (k, (ids, mask, doc_name)) in enumerate(stream(specs)):
             if args.valid_source is not None:
                 which = "train"
             elif args.valid_rows is not None:
                 which = "train" if valid.full else "valid"
             else:
-                which = "valid" if _in_valid(i, args.valid_fraction) else "train"
+                which = "valid" if _in_valid(i if doc_name is None else doc_name, args.valid_fraction) else "train"
             feed(which, k, ids, mask)
             if train.full:
                 break
         if args.valid_source is not None:
-            for k, (ids, mask) in stream(valid_specs):
+            for k, (ids, mask, _) in stream(valid_specs):
                 feed("valid", k, ids, mask)
                 if valid.full:
                     break
@@ -282,14 +349,9 @@ def tokenize(args: TokenizeArgs) -> dict[str, Path]:
                            "raise --valid-fraction or --valid-rows, or give --valid-source")
         if train.rows == 0:
             raise LRCError(f"source {name!r}: no training rows left after the validation split")
-
-        def records(which: str, which_specs: list[SourceSpec]) -> list[dict]:
-            return [{**asdict(s), "documents": d, "document_tokens": t}
-                    for s, (d, t) in zip(which_specs, counts[which])]
-
         # Both are renamed into place only when this block ends without error.
-        return {"train": train.commit(records("train", specs)),
-                "valid": valid.commit(records("valid", valid_specs))}
+        return {"train": train.commit(_source_records(specs, counts["train"], corpus)),
+                "valid": valid.commit(_source_records(valid_specs, counts["valid"], corpus))}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

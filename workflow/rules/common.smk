@@ -163,10 +163,17 @@ def final_targets():
 # ---------------------------------------------------------------- input functions
 
 
-def exp_pattern(hub):
-    """A regex matching exactly the experiments whose teacher comes from the hub (or not)."""
-    names = [re.escape(e) for e in EXPS if is_world(e) != hub]
+def exp_pattern(hub=None, *, sources=None):
+    """A regex matching exactly the experiments whose teacher.source is among ``sources``
+    (``hub=True``: the hub's; ``hub=False``: the tiny world's)."""
+    sources = sources or (("hub",) if hub else ("world",))
+    names = [re.escape(e) for e in EXPS if settings(e)["teacher"]["source"] in sources]
     return "|".join(names) if names else "(?!)"
+
+
+def local_teacher_input(wildcards):
+    path = wc.local_teacher_input(settings(wildcards.exp)["teacher"])
+    return {"source": path} if path else {}
 
 
 def tokenize_source(wildcards):
