@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,12 +100,14 @@ def _fake_safe(model: nn.Module) -> nn.Module:
     return model
 
 
-def _fake_bases(cfg) -> TeacherBases:
-    """Teacher bases of the right shapes (their values do not change the memory)."""
+def _shape_bases(cfg) -> TeacherBases:
+    """Orthonormal teacher bases of the right shapes (the first columns of the identity):
+    any bases time and weigh the same, and these cost no SVD."""
     H, F = cfg.hidden_size, cfg.intermediate_size
     keys = [f"{i}.{k}" for i in range(cfg.num_hidden_layers) for k in MLP_KINDS]
-    return TeacherBases(U={k: torch.empty(F, H) for k in keys}, S={k: torch.empty(H) for k in keys},
-                        embed_V=torch.empty(H, H), embed_S=torch.empty(H), source="fake bases")
+    columns = torch.eye(F)[:, :H]
+    return TeacherBases(U={k: columns.clone() for k in keys}, S={k: torch.ones(H) for k in keys},
+                        embed_V=torch.eye(H), embed_S=torch.ones(H), source="identity bases")
 
 
 class _TraceAccelerator:
@@ -200,7 +204,7 @@ def _build(spec: StepSpec):
     cfg = spec.teacher_config
     # fp32, as `lrc distill` loads it (lrc.hf.load_teacher); bf16 runs cast it when placed.
     teacher = _fake_safe(AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)).eval()
-    bases = _fake_bases(cfg) if spec.arm in BASIS_ARMS else None
+    bases = _shape_bases(cfg) if spec.arm in BASIS_ARMS else None
     student = build_student(teacher, spec.student_hidden)
     apply_arm(student, teacher, spec.arm, bases=bases, core_impl=spec.core_impl)
     objective = CloneObjective(teacher, student, RecipeArgs(recipe=spec.recipe))
@@ -214,33 +218,56 @@ def _batches(spec: StepSpec, vocab: int):
     return itertools.repeat({"input_ids": ids, "loss_mask": torch.ones_like(ids, dtype=torch.bool)})
 
 
+def _prepared(spec: StepSpec):
+    """Models, objective and a :class:`lrc.train.Run` for ``spec`` (fake or real tensors,
+    whichever mode is active)."""
+    teacher, student, objective = _build(spec)
+    targs = TrainArgs(batch_size=spec.micro_batch_size, micro_batch_size=spec.micro_batch_size, precision=spec.precision,
+                      warmup=0.0, progress=False)
+    student.train()
+    optimizer, scheduler = optimizer_and_schedule(student, targs, spec.steps)
+    run = Run(args=targs, accelerator=_TraceAccelerator(spec.precision), wrapped=student, bare=student, optimizer=optimizer,
+              scheduler=scheduler, fsdp=False, mixed="bf16" if spec.precision == "bf16" else "no", steps=spec.steps, accum=1,
+              seq_len=spec.seq_len, n_rows=1, ckpt_dir=Path("."), fingerprint={})
+    return teacher, student, objective, run
+
+
 def trace_step(spec: StepSpec) -> dict:
     """Peak bytes of one steady-state training step and its breakdown (:data:`CATEGORIES`)."""
     with FakeTensorMode():
-        teacher, student, objective = _build(spec)
-        targs = TrainArgs(batch_size=spec.micro_batch_size, micro_batch_size=spec.micro_batch_size, precision=spec.precision,
-                          warmup=0.0, progress=False)
-        student.train()
-        optimizer, scheduler = optimizer_and_schedule(student, targs, spec.steps)
-        accelerator = _TraceAccelerator(spec.precision)
-        run = Run(args=targs, accelerator=accelerator, wrapped=student, bare=student, optimizer=optimizer, scheduler=scheduler,
-                  fsdp=False, mixed="bf16" if spec.precision == "bf16" else "no", steps=spec.steps, accum=1,
-                  seq_len=spec.seq_len, n_rows=1, ckpt_dir=Path("."), fingerprint={})
+        teacher, student, objective, run = _prepared(spec)
         trainable = [p for p in student.parameters() if p.requires_grad]
         batches = _batches(spec, spec.teacher_config.vocab_size)
         tracker = _StepTracker()
-        tracker.track_external(teacher, student, optimizer)
+        tracker.track_external(teacher, student, run.optimizer)
         with tracker:
             for _ in range(spec.steps):
                 train_step(run, objective, batches, trainable)
                 tracker.reset_mod_stats()  # the next step calls the same root modules again
         objective.close()
-        peak = tracker.get_tracker_snapshot("peak").get(accelerator.device, {})
+        peak = tracker.get_tracker_snapshot("peak").get(run.device, {})
         result = _breakdown(peak, tracker.loss_at_peak, _storage_bytes(trainable), trainable)
         # What FSDP gathers at once: one decoder layer's trainable tensors (or the embedding).
         groups = [student.model.layers[0], student.model.embed_tokens, student.lm_head]
         result["largest_group_bytes"] = max(_storage_bytes(p for p in g.parameters() if p.requires_grad) for g in groups)
         return result
+
+
+def measure_step_rss(spec: StepSpec) -> dict:
+    """The same steps on real tensors, measured: the process's peak resident memory above
+    what it held before the models were built (Linux: the kernel's high-water mark, reset
+    first). Meant for a fresh process (``python -m lrc.memtrace SPEC.json``)."""
+    from lrc.bench import _peak_rss_mib, _reset_peak_rss  # the measure `lrc bench` reports
+
+    torch.manual_seed(0)
+    base = _reset_peak_rss()
+    teacher, student, objective, run = _prepared(spec)
+    trainable = [p for p in student.parameters() if p.requires_grad]
+    batches = _batches(spec, spec.teacher_config.vocab_size)
+    for _ in range(spec.steps):
+        train_step(run, objective, batches, trainable)
+    objective.close()
+    return {"peak": int((_peak_rss_mib() - base) * 2**20), "base_mib": base}
 
 
 def _breakdown(peak: dict, loss_bytes: int, student_bytes: int, trainable) -> dict:
@@ -257,3 +284,17 @@ def _breakdown(peak: dict, loss_bytes: int, student_bytes: int, trainable) -> di
         "other": get(_MemRefType.OTH),
     }
     return {"peak": int(peak.get("Total", 0)), "parts": parts, "trainable_params": sum(p.numel() for p in trainable)}
+
+
+def _measure_main(spec_file: str) -> None:
+    """``python -m lrc.memtrace SPEC.json``: print the measured peak of the spec's steps as JSON
+    (SPEC.json: StepSpec's fields, ``teacher_config`` a config JSON path)."""
+    from lrc.pretrain import load_model_config
+
+    values = json.loads(Path(spec_file).read_text())
+    values["teacher_config"] = load_model_config(Path(values["teacher_config"]))
+    print(json.dumps(measure_step_rss(StepSpec(**values))))
+
+
+if __name__ == "__main__":
+    _measure_main(sys.argv[1])
