@@ -189,19 +189,24 @@ class Planner:
         return self.at(micro_batch)["peak"] <= (self.args.memory_gib - self.args.reserve_gib) * GIB
 
     def largest_fitting(self) -> int:
-        """The largest micro-batch in [1, --max-micro-batch] that fits (0: not even 1)."""
+        """The largest micro-batch in [1, --max-micro-batch] that fits (0: not even 1).
+
+        Two traces give the line peak(m); the micro-batch it names is traced. When that
+        trace lies on the line (within 0.5 %), the line's answer for the next one is taken
+        (the peak is affine in the micro-batch); otherwise the neighbours are traced."""
         top = self.args.max_micro_batch
-        a = self.setting.micro_batch_size if self.setting.micro_batch_size > 1 else 2
+        a = max(2, self.setting.micro_batch_size)
         b = a - 1
         slope = self.at(a)["peak"] - self.at(b)["peak"]
         budget = (self.args.memory_gib - self.args.reserve_gib) * GIB
-        guess = b + int((budget - self.at(b)["peak"]) // slope) if slope > 0 else top
-        m = max(1, min(top, guess))
+        line = lambda m: self.at(b)["peak"] + slope * (m - b)  # noqa: E731
+        m = max(1, min(top, b + int((budget - self.at(b)["peak"]) // slope))) if slope > 0 else top
         while m > 1 and not self.fits(m):
             m -= 1
         if not self.fits(m):
             return 0
-        while m < top and self.fits(m + 1):
+        on_line = abs(self.at(m)["peak"] - line(m)) <= 0.005 * self.at(m)["peak"]
+        while m < top and (line(m + 1) <= budget if on_line and m + 1 not in self._memo else self.fits(m + 1)):
             m += 1
         return m
 
