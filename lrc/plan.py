@@ -161,10 +161,11 @@ def per_gpu(trace: dict, setting: Setting) -> dict:
     parts = dict(trace["parts"])
     if setting.sharding == "fsdp" and setting.gpus > 1:
         gathered = trace["largest_group_bytes"]
+        alive = {name: parts[name] > 0 for name in ("student_weights", "gradients")}
         for name in ("student_weights", "gradients", "optimizer"):
             parts[name] = parts[name] // setting.gpus
-        parts["student_weights"] += gathered
-        parts["gradients"] += gathered
+        for name in alive:  # a gathered gradient only where gradients are alive at the peak
+            parts[name] += gathered if alive[name] else 0
     return {"peak": sum(parts.values()), "parts": parts}
 
 
