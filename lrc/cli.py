@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "aggregate": ("lrc.aggregate", "build the results tables from evaluation JSONs"),
     "figure": ("lrc.figures", "draw the token-efficiency figure"),
     "bench": ("lrc.bench", "median step time and peak memory per arm vs plain KD"),
+    "plan": ("lrc.plan", "predicted peak memory per GPU of each arm (a traced step) and the largest micro-batch that fits"),
 }
 
 

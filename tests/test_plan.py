@@ -1,0 +1,114 @@
+"""`lrc plan`: the traced peak against a measured one, the micro-batch search, bad options."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lrc.errors import LRCError
+from lrc.memtrace import StepSpec, trace_step
+from lrc.plan import GIB, PlanArgs, Planner, Setting, main, per_gpu, plan, resolve
+from lrc.pretrain import load_model_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Llama-shaped, tied, a vocabulary large enough that the loss's [B, L, V] tensors weigh as
+# they do at paper scale; small enough for a step in seconds on one thread.
+SMALL = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 32000, "tie_word_embeddings": True, "rms_norm_eps": 1e-5,
+         "max_position_embeddings": 1024}
+
+
+@pytest.fixture()
+def small_config(tmp_path: Path) -> Path:
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(SMALL))
+    return path
+
+
+def _measured(spec_values: dict, tmp_path: Path) -> int:
+    """The peak RSS of the same steps on real tensors, in a fresh process."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec_values))
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "lrc.memtrace", str(spec_file)], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])["peak"]
+
+
+@pytest.mark.parametrize("arm", ["slice", "dense"])
+def test_traced_peak_matches_the_measured_peak_of_a_real_step(arm, small_config, tmp_path):
+    values = {"student_hidden": 128, "arm": arm, "micro_batch_size": 2, "seq_len": 512, "precision": "fp32"}
+    predicted = trace_step(StepSpec(teacher_config=load_model_config(small_config), **values))
+    measured = _measured(values | {"teacher_config": str(small_config)}, tmp_path)
+    # The measure is the whole process's resident memory (allocator slack, autograd's
+    # bookkeeping included); the trace counts tensors only.
+    assert predicted["peak"] == pytest.approx(measured, rel=0.15), (predicted, measured)
+    assert sum(predicted["parts"].values()) == predicted["peak"]
+    assert predicted["parts"]["loss_workspace"] > 0 and predicted["parts"]["optimizer"] > 0
+
+
+def _planner(config: Path, memory_gib: float) -> Planner:
+    args = PlanArgs(teacher_config=config, student_hidden=128, micro_batch_size=2, seq_len=256, precision="fp32", memory_gib=memory_gib)
+    return Planner(args, resolve(args), "slice")
+
+
+def test_the_search_finds_the_largest_micro_batch_that_fits(small_config):
+    peaks = [_planner(small_config, 1.0).at(m)["peak"] for m in (1, 2, 3, 4, 5, 6)]
+    assert all(b > a for a, b in zip(peaks, peaks[1:])), peaks
+    between = (peaks[3] + peaks[4]) / 2 / GIB  # above micro-batch 4's peak, below 5's
+    planner = _planner(small_config, between)
+    assert planner.fits(4) and not planner.fits(5)
+    assert planner.largest_fitting() == 4
+    assert _planner(small_config, peaks[0] / GIB * 0.9).largest_fitting() == 0
+
+
+def test_fsdp_shards_the_trainable_state_and_keeps_the_teacher():
+    trace = {"parts": {"student_weights": 800, "teacher": 1000, "gradients": 800, "optimizer": 1600, "activations": 50,
+                       "loss_workspace": 70, "backward_temp": 0, "other": 0}, "largest_group_bytes": 10}
+    setting = Setting(teacher_config=Path("t.json"), student_hidden=1, micro_batch_size=1, seq_len=1, precision="bf16", gpus=8, sharding="fsdp")
+    out = per_gpu(trace, setting)
+    assert out["parts"]["student_weights"] == 100 + 10 and out["parts"]["gradients"] == 100 + 10 and out["parts"]["optimizer"] == 200
+    assert out["parts"]["teacher"] == 1000 and out["peak"] == sum(out["parts"].values())
+    ddp = per_gpu(trace, Setting(**{**setting.__dict__, "sharding": "ddp"}))
+    assert ddp["parts"] == trace["parts"]
+
+
+def test_a_paper_config_gives_its_distill_settings():
+    setting = resolve(PlanArgs(workflow_config=ROOT / "config/paper/llama3.2-3b.yaml"))
+    assert (setting.student_hidden, setting.micro_batch_size, setting.seq_len, setting.precision, setting.gpus, setting.sharding) == (1536, 3, 2048, "bf16", 8, "ddp")
+    assert setting.teacher_config == Path("config/teachers/llama3.2-3b.json")
+
+
+def test_the_command_prints_a_table_and_writes_json(small_config, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["--teacher-config", str(small_config), "--student-hidden", "128", "--micro-batch-size", "1", "--seq-len", "128",
+                 "--arms", "slice", "--no-search", "--out", str(out)]) == 0
+    assert "| slice | 1 |" in capsys.readouterr().out
+    assert json.loads(out.read_text())["rows"][0]["arm"] == "slice"
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["--arms", "wide"], "--arms"),
+    (["--memory-gib", "0"], "--memory-gib"),
+    (["--student-hidden", "0"], "--student-hidden"),
+    (["--teacher-config", "/nonexistent/teacher.json"], "--teacher-config"),
+])
+def test_bad_options_are_errors_naming_the_option(argv, option, small_config):
+    base = {"--teacher-config": str(small_config), "--student-hidden": "64", "--micro-batch-size": "1", "--seq-len": "64"}
+    for flag, value in zip(argv[::2], argv[1::2]):
+        base[flag] = value
+    with pytest.raises(LRCError, match=option):
+        main([x for kv in base.items() for x in kv] + ["--no-search"])
+
+
+def test_missing_settings_and_bad_experiments_are_named(tmp_path):
+    with pytest.raises(LRCError, match="--student-hidden"):
+        plan(PlanArgs(teacher_config=tmp_path / "t.json", micro_batch_size=1, seq_len=8))
+    with pytest.raises(LRCError, match="--experiment 'nope'"):
+        resolve(PlanArgs(workflow_config=ROOT / "config/paper/llama3.2-3b.yaml", experiment="nope"))
