@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from lrc.errors import LRCError
-from lrc.fused_loss import LOSS_IMPLS, final_hidden, fused_ce_kl, head_weight
+from lrc.fused_loss import LOSS_IMPLS, fused_ce_kl, head_weight, hidden_and_head
 from lrc.losses import kl_divergence, kl_position_mask, next_token_ce
 from lrc.names import KL_REDUCTIONS, RECIPES
 from lrc.options import check_choice
@@ -179,7 +179,7 @@ class CloneObjective:
         self._s.active = True
         try:
             if self.loss_impl == "fused":
-                out = final_hidden(model, input_ids)
+                out = hidden_and_head(model, input_ids)  # (hidden states, head weight)
             else:
                 out = model(input_ids=input_ids, use_cache=False).logits
         finally:
@@ -193,7 +193,7 @@ class CloneObjective:
         r = self.recipe
         if self.loss_impl == "fused":
             return fused_ce_kl(
-                s_out, head_weight(model), t_out, head_weight(self.teacher), input_ids, loss_mask,
+                *s_out, t_out, head_weight(self.teacher), input_ids, loss_mask,
                 temperature=r.temperature, kl_positions="all", kl_reduction=r.kl_reduction, ce_weight=r.ce_weight, kl_weight=r.kl_weight,
             )
         ce = next_token_ce(s_out, input_ids, loss_mask)

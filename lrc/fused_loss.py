@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils import parametrize
 
 from lrc.errors import LRCError
 from lrc.losses import kl_position_mask
@@ -163,9 +164,12 @@ def head_weight(model) -> torch.Tensor:
     return getattr(model, "module", model).get_output_embeddings().weight
 
 
-def final_hidden(model, input_ids) -> torch.Tensor:
-    """The final (normed) hidden states of a Hugging Face causal LM ``[B, L, H]``, called
-    through ``model`` as given (a DDP/FSDP wrapper runs its hooks) with no logits computed."""
+def hidden_and_head(model, input_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final (normed) hidden states ``[B, L, H]`` of a Hugging Face causal LM and its head
+    weight, called through ``model`` as given (a DDP/FSDP wrapper runs its hooks) with no
+    logits computed. Under ``parametrize.cached`` the head's parametrised weight, computed
+    once by the head's (empty) forward, is the one returned: not rebuilt ([V, H] x [H, r])."""
     none = torch.zeros(0, dtype=torch.long, device=input_ids.device)
-    out = model(input_ids=input_ids, use_cache=False, logits_to_keep=none, output_hidden_states=True)
-    return out.hidden_states[-1]
+    with parametrize.cached():
+        out = model(input_ids=input_ids, use_cache=False, logits_to_keep=none, output_hidden_states=True)
+        return out.hidden_states[-1], head_weight(model)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from lrc.errors import LRCError
-from lrc.fused_loss import LOSS_IMPLS, final_hidden, fused_ce_kl, head_weight
+from lrc.fused_loss import LOSS_IMPLS, fused_ce_kl, head_weight, hidden_and_head
 from lrc.hf import freeze_teacher
 from lrc.losses import kl_divergence, kl_position_mask, next_token_ce
 from lrc.names import KL_REDUCTIONS
@@ -77,7 +77,7 @@ class KDObjective:
             t_hidden = self.teacher.model(input_ids=ids, use_cache=False).last_hidden_state
         mask = batch.get("loss_mask")
         total, _, kl = fused_ce_kl(
-            final_hidden(model, ids), head_weight(model), t_hidden, head_weight(self.teacher), ids, None if mask is None else mask.bool(),
+            *hidden_and_head(model, ids), t_hidden, head_weight(self.teacher), ids, None if mask is None else mask.bool(),
             temperature=self.temperature, kl_positions="next", kl_reduction=self.kl_reduction, ce_weight=0.0, kl_weight=1.0,
         )
         return total, {"kl": kl}  # total = 1·KL + 0·CE: the KL, with its gradient
