@@ -164,3 +164,21 @@ def test_no_vocabulary_sized_activation_is_saved_for_backward(impl):
         objective.loss(batch)
     per_position_vocab = [s for s in saved if len(s) >= 2 and s[-1] == 97 and torch.Size(s).numel() >= n_pos * 97]
     assert bool(per_position_vocab) == (impl == "reference"), per_position_vocab
+
+
+def test_the_fused_path_builds_each_parametrised_weight_once_per_forward():
+    """The head's weight comes from the forward's cache: no second [V, H] x [H, r] product."""
+    from torch.nn.utils import parametrize
+
+    teacher = make_teacher("llama-untied")
+    student = build_student(teacher, 16)
+    calls = []
+    for module in student.modules():
+        if parametrize.is_parametrized(module):
+            for plist in module.parametrizations.values():
+                plist[0].register_forward_hook(lambda *_: calls.append(1))
+    n_weights = sum(1 for m in student.modules() if parametrize.is_parametrized(m))
+    for impl in ("reference", "fused"):
+        calls.clear()
+        CloneObjective(teacher, student, RecipeArgs(), loss_impl=impl).loss(_batch(False))
+        assert len(calls) == n_weights, (impl, len(calls), n_weights)
