@@ -121,7 +121,7 @@ def position_weights(input_ids, loss_mask, kl_positions, kl_reduction):
     KL: :func:`lrc.losses.kl_position_mask` over L positions (``"next"``: the last never
     counts), / B (``batchmean``) or / number counted (``token``)."""
     check_choice("kl_reduction", kl_reduction, KL_REDUCTIONS)
-    B, L = input_ids.shape
+    B = input_ids.shape[0]
     mask = torch.ones_like(input_ids, dtype=torch.float32) if loss_mask is None else loss_mask.to(torch.float32)
     none = torch.zeros_like(mask[:, :1])
     ce_m = torch.cat([mask[:, 1:], none], dim=1)

@@ -19,7 +19,7 @@ from lrc.objectives import KDObjective
 from lrc.student import build_student, trainable_parameters
 from tests.helpers import TEACHER_KINDS, make_teacher
 
-TOL = dict(rtol=1e-5, atol=1e-5)
+TOL = {"rtol": 1e-5, "atol": 1e-5}
 B, L, R, H, V = 3, 11, 8, 12, 53
 
 
@@ -66,7 +66,7 @@ def test_values_and_gradients_match_the_dense_reference(positions, reduction, ma
 
 def test_zero_ce_weight_still_reports_ce_and_drops_its_gradient():
     hs, w, ht, tw, ids, mask = _inputs(1)
-    total, ce, kl = fused_ce_kl(hs, w, ht, tw, ids, mask, temperature=2.0, kl_positions="all", ce_weight=0.0, chunk_rows=5)
+    total, ce, _ = fused_ce_kl(hs, w, ht, tw, ids, mask, temperature=2.0, kl_positions="all", ce_weight=0.0, chunk_rows=5)
     want_total, want_ce, want_kl = _reference(hs, w, ht, tw, ids, mask, 2.0, "all", "batchmean", 0.0, 1.0)
     torch.testing.assert_close(ce, want_ce, **TOL)
     torch.testing.assert_close(total, want_kl, **TOL)
@@ -75,7 +75,7 @@ def test_zero_ce_weight_still_reports_ce_and_drops_its_gradient():
 
 
 def test_bad_shapes_and_options_are_named():
-    hs, w, ht, tw, ids, mask = _inputs()
+    hs, w, ht, tw, ids, _ = _inputs()
     with pytest.raises(LRCError, match="head weights"):
         fused_ce_kl(hs, w[:-1], ht, tw, ids, temperature=1.0, kl_positions="all")
     with pytest.raises(LRCError, match="hidden states"):
