@@ -22,15 +22,18 @@ over the targets ``loss_mask[t+1]`` counts; KL is summed over the positions
 (``batchmean``) or of counted positions (``token``); the total is ``ce_weight·CE +
 kl_weight·KL``. Only the total carries a gradient; CE and KL come back detached (logged).
 
-Why not Liger-Kernel's ``liger_kernel.chunked_loss`` (``LigerFusedLinearJSDLoss`` with
-beta 0 is this forward KL, and it accepts different hidden sizes): its normalisation is not
-the recipe's. One ``ignore_index`` target mask serves both losses and both are divided by
-the number of valid targets, so it cannot count the KL at the last position (the `lrc`
-recipe's "all" positions, which has no target) nor divide the KL by the number of sequences
-(``batchmean``, the reference's). It also needs ``triton`` to import (the package's
-``__init__`` loads its Triton kernels; not installable usefully on these CPU machines) and
-takes the gradient of each chunk by ``torch.func`` (an autograd pass over ``[chunk, V]``)
-where the closed form above is two products. This is the small equivalent.
+Why not Liger-Kernel's ``liger_kernel.chunked_loss`` (on the package index, 0.8.5;
+``LigerFusedLinearJSDLoss`` with beta 0 is this forward KL, takes different student and
+teacher hidden sizes, and runs on the CPU: checked from its wheel, with and without
+``torch.compile``, it equals this module's ``"next"``/``token`` KL): its normalisation is
+not the recipe's. One ``ignore_index`` target mask serves both losses and both are divided
+by the number of valid targets. The `lrc` recipe counts the KL at all L positions (the last
+has no target) and divides it by the number of sequences (``batchmean``, the reference's):
+with Liger that is a per-batch weight ``kl_weight · n_valid / B`` (a host sync, a new loss
+object per step) plus the last position's KL computed outside it. It also declares
+``triton`` a hard dependency
+(a large wheel of no use on CPU machines), and takes each chunk's gradient by
+``torch.func`` where the closed form above is two products. This is the small equivalent.
 """
 
 from __future__ import annotations
