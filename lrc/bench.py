@@ -74,6 +74,7 @@ class BenchArgs:
     batch_size: int = field(default=8, metadata={"help": "sequences per micro-batch (one forward)"})
     micro_batches: int = field(default=1, metadata={"help": "micro-batches per optimiser step (gradient accumulation)"})
     core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={"help": "core/randcomp: basis change in the optimiser step or a parametrisation (lrc.reach.apply_arm)"})
+    loss_impl: Literal["fused", "reference"] = field(default="fused", metadata={"help": "CE + KL: fused = chunked from hidden states (lrc.fused_loss), reference = on the [B, L, V] logits"})
     seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
     steps: int = field(default=10, metadata={"help": "measured steps per run"})
     warmup_steps: int = field(default=3, metadata={"help": "steps run first and not measured"})
@@ -159,13 +160,13 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     if arm == BASELINE:
         torch.manual_seed(args.seed)
         student = type(teacher)(student_config(teacher.config, args.student_hidden))
-        objective = KDObjective(teacher, student, temperature=recipe.temperature, kl_reduction=recipe.kl_reduction)
+        objective = KDObjective(teacher, student, temperature=recipe.temperature, kl_reduction=recipe.kl_reduction, loss_impl=args.loss_impl)
     else:
         name, _, impl = arm.partition(":")  # "core:parametrized": one arm, another core_impl
         student = build_student(teacher, args.student_hidden, seed=args.seed)
         bases = load_bases(args.bases) if args.bases is not None and name in BASIS_ARMS else None
         apply_arm(student, teacher, name, bases=bases, seed=args.seed, core_impl=impl or args.core_impl)
-        objective = CloneObjective(teacher, student, recipe)
+        objective = CloneObjective(teacher, student, recipe, loss_impl=args.loss_impl)
     calls = _count_parametrisation_calls(student)
     total_steps = args.steps + args.warmup_steps
     per_step = args.batch_size * args.micro_batches
@@ -267,7 +268,7 @@ def describe(args: BenchArgs, device: str) -> dict:
     c = teacher.config
     return {"teacher_hidden": c.hidden_size, "d_ff": c.intermediate_size, "layers": c.num_hidden_layers, "vocab": c.vocab_size,
             "student_hidden": args.student_hidden, "batch_size": args.batch_size, "micro_batches": args.micro_batches,
-            "seq_len": args.seq_len, "core_impl": args.core_impl,
+            "seq_len": args.seq_len, "core_impl": args.core_impl, "loss_impl": args.loss_impl,
             "threads": args.threads, "device": device, "recipe": args.recipe}
 
 

@@ -16,6 +16,9 @@ residual streams, in lockstep. Per layer l (summed over layers, each an element 
 KL and CE are :mod:`lrc.losses`' (forward KL at temperature T, no T² factor,
 ``batchmean`` by default as the reference; fp32 next-token CE). The KL counts all L
 positions (``positions="all"``, the reference's), the CE the L-1 that have a target.
+``loss_impl="fused"`` (default) computes the same two from the final hidden states and head
+weights chunk by chunk (:mod:`lrc.fused_loss`; the teacher runs its body only), so no
+``[B, L, V]`` logits exist; ``"reference"`` is the dense path on the logits.
 
 The teacher runs under ``torch.inference_mode``; its captured tensors are cloned out of
 inference mode before they meet autograd.
@@ -30,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from lrc.errors import LRCError
+from lrc.fused_loss import LOSS_IMPLS, fused_ce_kl, head_weight, hidden_and_head
 from lrc.losses import kl_divergence, kl_position_mask, next_token_ce
 from lrc.names import KL_REDUCTIONS, RECIPES
 from lrc.options import check_choice
@@ -126,9 +130,11 @@ def _hook_model(cap: _Capture, model, layers, terms, student: bool, teacher_acts
 class CloneObjective:
     """``loss(batch, model=None) -> (total, terms)`` for a teacher/student pair and a recipe."""
 
-    def __init__(self, teacher, student, recipe: RecipeArgs):
+    def __init__(self, teacher, student, recipe: RecipeArgs, *, loss_impl: str = "fused"):
         if not isinstance(recipe, RecipeArgs):
             raise LRCError("CloneObjective needs a lrc.clone.RecipeArgs")
+        check_choice("loss_impl", loss_impl, LOSS_IMPLS)
+        self.loss_impl = loss_impl  # CE + KL: "fused" (chunked, lrc.fused_loss) or "reference" (lrc.losses on logits)
         # The teacher arrives frozen: the student was built on it (lrc.hf, "Where the teacher is frozen").
         self.teacher, self.student, self.recipe = teacher, student, recipe
         n_layers = teacher.config.num_hidden_layers
@@ -150,28 +156,49 @@ class CloneObjective:
         self._s.remove()
 
     def _teacher_forward(self, input_ids):
+        """The teacher's logits (reference) or final hidden states (fused: the body only, no
+        head; the fused loss reads them under no_grad, so they stay inference tensors)."""
         self._t.store.clear()
         self._t.active = True
         try:
             with torch.inference_mode():
-                logits = self.teacher(input_ids=input_ids, use_cache=False).logits
+                if self.loss_impl == "fused":
+                    out = self.teacher.model(input_ids=input_ids, use_cache=False).last_hidden_state
+                else:
+                    out = self.teacher(input_ids=input_ids, use_cache=False).logits
         finally:
             self._t.active = False
         # Out of inference mode, so these may be used by autograd (saved for backward).
         acts = {k: v.clone() for k, v in self._t.store.items()}
         self._t.store.clear()
-        return logits.clone(), acts
+        return (out.clone() if self.loss_impl == "reference" else out), acts
 
     def _student_forward(self, model, input_ids):
+        """The student's logits (reference) or final hidden states (fused), through ``model``."""
         self._s.store.clear()
         self._s.active = True
         try:
-            logits = model(input_ids=input_ids, use_cache=False).logits
+            if self.loss_impl == "fused":
+                out = hidden_and_head(model, input_ids)  # (hidden states, head weight)
+            else:
+                out = model(input_ids=input_ids, use_cache=False).logits
         finally:
             self._s.active = False
         acts = dict(self._s.store)
         self._s.store.clear()
-        return logits, acts
+        return out, acts
+
+    def _ce_kl(self, model, t_out, s_out, input_ids, loss_mask):
+        """(ce_weight·CE + kl_weight·KL, CE, KL) from logits or, fused, hidden states + heads."""
+        r = self.recipe
+        if self.loss_impl == "fused":
+            return fused_ce_kl(
+                *s_out, t_out, head_weight(self.teacher), input_ids, loss_mask,
+                temperature=r.temperature, kl_positions="all", kl_reduction=r.kl_reduction, ce_weight=r.ce_weight, kl_weight=r.kl_weight,
+            )
+        ce = next_token_ce(s_out, input_ids, loss_mask)
+        kl = kl_divergence(t_out, s_out, r.temperature, None if loss_mask is None else kl_position_mask(loss_mask, "all"), r.kl_reduction)
+        return r.ce_weight * ce + r.kl_weight * kl, ce, kl
 
     def _clone_term(self, name, layer, s_act, t_act):
         if name == "attn_out":
@@ -186,17 +213,15 @@ class CloneObjective:
         if loss_mask is not None:
             loss_mask = loss_mask.to(device=input_ids.device, dtype=torch.bool)
         r = self.recipe
-        t_logits, t_acts = self._teacher_forward(input_ids)
+        t_out, t_acts = self._teacher_forward(input_ids)
         self._t_acts.clear()
         self._t_acts.update(t_acts)
         try:
-            s_logits, s_acts = self._student_forward(model, input_ids)
+            s_out, s_acts = self._student_forward(model, input_ids)
         finally:
             self._t_acts.clear()
         t_acts |= {(i, "mlp_out"): s_acts.pop((i, "mlp_out", "target")) for i in self.layers if "mlp_out" in self.terms}
-        ce = next_token_ce(s_logits, input_ids, loss_mask)
-        kl = kl_divergence(t_logits, s_logits, r.temperature, None if loss_mask is None else kl_position_mask(loss_mask, "all"), r.kl_reduction)
-        total = r.ce_weight * ce + r.kl_weight * kl
+        total, ce, kl = self._ce_kl(model, t_out, s_out, input_ids, loss_mask)
         terms = {"ce": ce.detach(), "kl": kl.detach()}
         clone_sum = None
         for name in self.terms:
