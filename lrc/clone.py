@@ -61,7 +61,7 @@ class RecipeArgs:
     clone_layers: list[int] | None = field(default=None, metadata={"help": "layers whose clone terms count (default: all)"})
     clone_norm: Literal["none", "teacher_ms"] = field(default="none", metadata={
         "help": "none: each clone term is the plain MSE (the reference); teacher_ms: each layer's MSE divided by its target's mean square "
-                "(detached), so every term starts near 1 whatever the activation scale"})
+                "(detached): a relative error per layer and term, whatever its activation scale (massive activations)"})
 
     def __post_init__(self):
         check_choice("recipe", self.recipe, RECIPES)
@@ -148,14 +148,14 @@ class _StudentTerms:
         self.handles = []
 
     def clear(self):
-        self.teacher_acts.clear()
-        self.values.clear()
+        for d in (self.teacher_acts, self.values, self.raw, self.target_ms):
+            d.clear()
 
     def _record(self, key, s, t):
         mse = _SquaredErrorSum.apply(s, t) / s.numel()
         ms = t.detach().float().square().mean()
         self.raw[key], self.target_ms[key] = mse.detach(), ms
-        # teacher_ms: the target's own scale (massive activations, METHOD.md §1 note in docs/method.md)
+        # teacher_ms: a relative error, whatever the layer's activation scale (docs/method.md, "Clone-term scale")
         self.values[key] = mse / ms.clamp_min(torch.finfo(torch.float32).tiny) if self.norm == "teacher_ms" else mse
 
     def output(self, module, key):
