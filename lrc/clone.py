@@ -20,8 +20,16 @@ positions (``positions="all"``, the reference's), the CE the L-1 that have a tar
 weights chunk by chunk (:mod:`lrc.fused_loss`; the teacher runs its body only), so no
 ``[B, L, V]`` logits exist; ``"reference"`` is the dense path on the logits.
 
-The teacher runs under ``torch.inference_mode``; its captured tensors are cloned out of
-inference mode before they meet autograd.
+Streamed terms: the teacher runs first (under ``torch.inference_mode``) and its captures
+wait in a dict; each term of a layer is computed in a hook on the student as soon as the
+student's side exists, and the teacher's capture is dropped then. A term saves one tensor
+for backward, ``s - t`` in the compute dtype (its sum of squares is accumulated in fp32),
+not fp32 copies of both sides (``F.mse_loss(s.float(), t.float())``); the mlp_out target
+also keeps the teacher MLP output when P_down trains (`slice`).
+
+``clone_norm: teacher_ms`` divides each layer's MSE by its target's mean square (detached):
+on a real teacher the raw terms span orders of magnitude across terms and layers (massive
+activations), docs/method.md "Clone-term scale". The default ``none`` is the reference's.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from lrc.options import check_choice
 from lrc.reach import down_clone_map
 
 CLONE_TERMS = ("q", "k", "v", "attn_out", "gate", "up", "mlp_out")
+CLONE_NORMS = ("none", "teacher_ms")
 
 
 @dataclass(kw_only=True)
@@ -54,10 +63,14 @@ class RecipeArgs:
     kl_weight: float = field(default=1.0, metadata={"help": "weight of the KL term"})
     clone_terms: list[str] | None = field(default=None, metadata={"help": f"clone terms to use (default: all for lrc, none for kl); any of {', '.join(CLONE_TERMS)}"})
     clone_layers: list[int] | None = field(default=None, metadata={"help": "layers whose clone terms count (default: all)"})
+    clone_norm: Literal["none", "teacher_ms"] = field(default="none", metadata={
+        "help": "none: each clone term is the plain MSE (the reference); teacher_ms: each layer's MSE divided by its target's mean square "
+                "(detached): a relative error per layer and term, whatever its activation scale (massive activations)"})
 
     def __post_init__(self):
         check_choice("recipe", self.recipe, RECIPES)
         check_choice("kl_reduction", self.kl_reduction, KL_REDUCTIONS)
+        check_choice("clone_norm", self.clone_norm, CLONE_NORMS)
         if not self.temperature > 0:
             raise LRCError(f"temperature must be positive, got {self.temperature!r}")
         if self.ce_weight is None:
@@ -70,7 +83,7 @@ class RecipeArgs:
 
 
 class _Capture:
-    """Forward hooks that record module inputs/outputs into a dict while active."""
+    """Forward hooks on the teacher that record module outputs into a dict while active."""
 
     def __init__(self):
         self.store: dict[tuple[int, str], torch.Tensor] = {}
@@ -84,47 +97,120 @@ class _Capture:
 
         self.handles.append(module.register_forward_hook(hook))
 
-    def input(self, module, key):
-        def hook(_mod, args):
-            if self.active:
-                self.store[key] = args[0]
-
-        self.handles.append(module.register_forward_pre_hook(hook))
-
-    def mlp_out(self, mlp, key, teacher_acts):
-        """The student MLP's output, and its target ``P_down · (teacher MLP output)`` computed here,
-        inside the layer's forward: under FSDP2 the layer's parameters are gathered only then,
-        and P_down is the live (sharded) factor in `slice`. Same operation as after the forward."""
-        def hook(_mod, _args, out):
-            if self.active:
-                self.store[key] = out
-                p_down = down_clone_map(mlp)
-                self.store[key + ("target",)] = F.linear(teacher_acts[key].to(p_down.dtype), p_down)
-
-        self.handles.append(mlp.register_forward_hook(hook))
-
     def remove(self):
         for h in self.handles:
             h.remove()
         self.handles.clear()
 
 
-def _hook_model(cap: _Capture, model, layers, terms, student: bool, teacher_acts: dict | None = None) -> None:
+def _hook_teacher(cap: _Capture, model, layers, terms) -> None:
+    """The teacher's side of each term: the module outputs (o_proj's for attn_out)."""
     for i in layers:
-        layer = model.model.layers[i]
-        attn, mlp = layer.self_attn, layer.mlp
-        for t in ("q", "k", "v"):
-            if t in terms:
-                cap.output(getattr(attn, f"{t}_proj"), (i, t))
-        if "attn_out" in terms:
-            (cap.input if student else cap.output)(attn.o_proj, (i, "attn_out"))
-        for t in ("gate", "up"):
-            if t in terms:
-                cap.output(getattr(mlp, f"{t}_proj"), (i, t))
-        if "mlp_out" in terms and student:
-            cap.mlp_out(mlp, (i, "mlp_out"), teacher_acts)
-        elif "mlp_out" in terms:
-            cap.output(mlp, (i, "mlp_out"))
+        attn, mlp = model.model.layers[i].self_attn, model.model.layers[i].mlp
+        modules = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj, "attn_out": attn.o_proj,
+                   "gate": mlp.gate_proj, "up": mlp.up_proj, "mlp_out": mlp}
+        for t in terms:
+            cap.output(modules[t], (i, t))
+
+
+class _SquaredErrorSum(torch.autograd.Function):
+    """``sum((s - t)²)`` accumulated in fp32, saving only ``s - t`` (in ``s``'s dtype) for backward.
+
+    ``F.mse_loss(s.float(), t.float())`` would save fp32 copies of both sides; the teacher
+    side need not be kept at all (an inference tensor may enter: it is never saved)."""
+
+    @staticmethod
+    def forward(ctx, s, t):
+        diff = s - t.to(s.dtype)
+        ctx.save_for_backward(diff)
+        ctx.t_dtype = t.dtype
+        return diff.float().square().sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (diff,) = ctx.saved_tensors
+        g = diff * (2 * grad).to(diff.dtype)
+        g_t = -g.to(ctx.t_dtype) if ctx.needs_input_grad[1] else None
+        return (g if ctx.needs_input_grad[0] else None), g_t
+
+
+class _StudentTerms:
+    """Hooks on the student that compute each clone term of a layer as soon as its student side
+    exists, against the teacher's capture (popped from ``teacher_acts``, so freed once used).
+
+    ``values[(layer, term)]``: the term as it enters the loss (the MSE, divided by the target's
+    detached mean square under ``clone_norm: teacher_ms``); ``raw`` and ``target_ms``: the
+    plain MSE and the target's mean square, detached (diagnostics)."""
+
+    def __init__(self, teacher, norm: str):
+        self.teacher, self.norm = teacher, norm
+        self.teacher_acts: dict = {}
+        self.values: dict = {}
+        self.raw: dict = {}
+        self.target_ms: dict = {}
+        self.active = False
+        self.handles = []
+
+    def clear(self):
+        for d in (self.teacher_acts, self.values, self.raw, self.target_ms):
+            d.clear()
+
+    def _record(self, key, s, t):
+        mse = _SquaredErrorSum.apply(s, t) / s.numel()
+        ms = t.detach().float().square().mean()
+        self.raw[key], self.target_ms[key] = mse.detach(), ms
+        # teacher_ms: a relative error, whatever the layer's activation scale (docs/method.md, "Clone-term scale")
+        self.values[key] = mse / ms.clamp_min(torch.finfo(torch.float32).tiny) if self.norm == "teacher_ms" else mse
+
+    def output(self, module, key):
+        def hook(_mod, _args, out):
+            if self.active:
+                self._record(key, out, self.teacher_acts.pop(key))
+
+        self.handles.append(module.register_forward_hook(hook))
+
+    def attn_out(self, o_proj, key):
+        """The teacher's o_proj weight applied to the student's o_proj input (its heads output)."""
+        w_o = self.teacher.model.layers[key[0]].self_attn.o_proj.weight
+
+        def hook(_mod, args):
+            if self.active:
+                self._record(key, F.linear(args[0], w_o.to(args[0].dtype)), self.teacher_acts.pop(key))
+
+        self.handles.append(o_proj.register_forward_pre_hook(hook))
+
+    def mlp_out(self, mlp, key):
+        """The student MLP's output vs ``P_down · (teacher MLP output)``, computed here, inside the
+        layer's forward: under FSDP2 the layer's parameters are gathered only then, and P_down
+        is the live (sharded) factor in `slice`."""
+        def hook(_mod, _args, out):
+            if self.active:
+                p_down = down_clone_map(mlp)
+                t = self.teacher_acts.pop(key).to(p_down.dtype)
+                # F.linear saves its input when P_down trains; an inference tensor cannot be saved.
+                t = t.clone() if p_down.requires_grad and t.is_inference() else t
+                self._record(key, out, F.linear(t, p_down))
+
+        self.handles.append(mlp.register_forward_hook(hook))
+
+    def hook(self, model, layers, terms) -> None:
+        for i in layers:
+            attn, mlp = model.model.layers[i].self_attn, model.model.layers[i].mlp
+            for t in ("q", "k", "v"):
+                if t in terms:
+                    self.output(getattr(attn, f"{t}_proj"), (i, t))
+            if "attn_out" in terms:
+                self.attn_out(attn.o_proj, (i, "attn_out"))
+            for t in ("gate", "up"):
+                if t in terms:
+                    self.output(getattr(mlp, f"{t}_proj"), (i, t))
+            if "mlp_out" in terms:
+                self.mlp_out(mlp, (i, "mlp_out"))
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
 
 
 class CloneObjective:
@@ -144,16 +230,21 @@ class CloneObjective:
             raise LRCError(f"clone_layers {bad} out of range for a {n_layers}-layer teacher")
         self.layers = layers
         self.terms = list(recipe.clone_terms)
-        self._t, self._s = _Capture(), _Capture()
-        self._t_acts: dict = {}  # the teacher's activations of the current batch (the student's mlp_out hook reads them)
+        self._t = _Capture()
+        self._s = _StudentTerms(teacher, recipe.clone_norm)
         if self.terms:
-            _hook_model(self._t, teacher, layers, self.terms, student=False)
-            _hook_model(self._s, student, layers, self.terms, student=True, teacher_acts=self._t_acts)
+            _hook_teacher(self._t, teacher, layers, self.terms)
+            self._s.hook(student, layers, self.terms)
 
     def close(self) -> None:
         """Remove the hooks (the objective is unusable afterwards)."""
         self._t.remove()
         self._s.remove()
+
+    def layer_terms(self) -> dict[str, dict[tuple[int, str], torch.Tensor]]:
+        """The last batch's clone terms per (layer, term), detached: ``value`` (as in the loss),
+        ``mse`` (unnormalised) and ``target_ms`` (the target's mean square)."""
+        return {"value": {k: v.detach() for k, v in self._s.values.items()}, "mse": dict(self._s.raw), "target_ms": dict(self._s.target_ms)}
 
     def _teacher_forward(self, input_ids):
         """The teacher's logits (reference) or final hidden states (fused: the body only, no
@@ -168,14 +259,14 @@ class CloneObjective:
                     out = self.teacher(input_ids=input_ids, use_cache=False).logits
         finally:
             self._t.active = False
-        # Out of inference mode, so these may be used by autograd (saved for backward).
-        acts = {k: v.clone() for k, v in self._t.store.items()}
+        # Kept as inference tensors: the clone terms never save them (_SquaredErrorSum), and
+        # the one that may (mlp_out's target in `slice`) clones its own.
+        acts = dict(self._t.store)
         self._t.store.clear()
         return (out.clone() if self.loss_impl == "reference" else out), acts
 
     def _student_forward(self, model, input_ids):
         """The student's logits (reference) or final hidden states (fused), through ``model``."""
-        self._s.store.clear()
         self._s.active = True
         try:
             if self.loss_impl == "fused":
@@ -184,9 +275,7 @@ class CloneObjective:
                 out = model(input_ids=input_ids, use_cache=False).logits
         finally:
             self._s.active = False
-        acts = dict(self._s.store)
-        self._s.store.clear()
-        return out, acts
+        return out
 
     def _ce_kl(self, model, t_out, s_out, input_ids, loss_mask):
         """(ce_weight·CE + kl_weight·KL, CE, KL) from logits or, fused, hidden states + heads."""
@@ -200,12 +289,6 @@ class CloneObjective:
         kl = kl_divergence(t_out, s_out, r.temperature, None if loss_mask is None else kl_position_mask(loss_mask, "all"), r.kl_reduction)
         return r.ce_weight * ce + r.kl_weight * kl, ce, kl
 
-    def _clone_term(self, name, layer, s_act, t_act):
-        if name == "attn_out":
-            w_o = self.teacher.model.layers[layer].self_attn.o_proj.weight
-            s_act = F.linear(s_act, w_o.to(s_act.dtype))
-        return F.mse_loss(s_act.float(), t_act.float())
-
     def loss(self, batch, model=None):
         model = self.student if model is None else model
         input_ids = batch["input_ids"]
@@ -214,20 +297,21 @@ class CloneObjective:
             loss_mask = loss_mask.to(device=input_ids.device, dtype=torch.bool)
         r = self.recipe
         t_out, t_acts = self._teacher_forward(input_ids)
-        self._t_acts.clear()
-        self._t_acts.update(t_acts)
+        self._s.clear()
+        self._s.teacher_acts.update(t_acts)
+        del t_acts  # each capture is freed once its term is computed, in the student's forward
         try:
-            s_out, s_acts = self._student_forward(model, input_ids)
+            s_out = self._student_forward(model, input_ids)
         finally:
-            self._t_acts.clear()
-        t_acts |= {(i, "mlp_out"): s_acts.pop((i, "mlp_out", "target")) for i in self.layers if "mlp_out" in self.terms}
+            self._s.teacher_acts.clear()
         total, ce, kl = self._ce_kl(model, t_out, s_out, input_ids, loss_mask)
         terms = {"ce": ce.detach(), "kl": kl.detach()}
         clone_sum = None
         for name in self.terms:
-            per_term = sum(self._clone_term(name, i, s_acts[(i, name)], t_acts[(i, name)]) for i in self.layers)
+            per_term = sum(self._s.values[(i, name)] for i in self.layers)
             terms[name] = per_term.detach()
             clone_sum = per_term if clone_sum is None else clone_sum + per_term
+        self._s.values = {k: v.detach() for k, v in self._s.values.items()}  # the graph is the loss's alone
         if clone_sum is not None:
             total = total + r.alpha * clone_sum
         return total, terms

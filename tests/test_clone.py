@@ -10,6 +10,7 @@ import torch
 from lrc.clone import CLONE_TERMS, CloneObjective, RecipeArgs
 from lrc.errors import LRCError
 from lrc.losses import kl_divergence, next_token_ce
+from lrc.reach import apply_arm, down_clone_map
 from lrc.student import build_student, trainable_parameters
 from tests.helpers import make_teacher
 
@@ -137,3 +138,126 @@ def test_bad_recipe_values():
     teacher = make_teacher("llama-tied")
     with pytest.raises(LRCError, match="clone_layers"):
         CloneObjective(teacher, build_student(teacher, 16), RecipeArgs(clone_layers=[5]))
+
+
+def reference_clone_terms(teacher, student, ids, layers):
+    """The clone terms as first written: every capture held to the end, then
+    ``F.mse_loss(s.float(), t.float())`` per layer and term (the streamed terms' reference)."""
+    caps, hooks = {}, []
+
+    def out(mod, key):
+        hooks.append(mod.register_forward_hook(lambda m, a, o: caps.__setitem__(key, o)))
+
+    for i in layers:
+        for side, model in (("t", teacher), ("s", student)):
+            attn, mlp = model.model.layers[i].self_attn, model.model.layers[i].mlp
+            for name in ("q", "k", "v", "gate", "up"):
+                out(getattr(attn, f"{name}_proj", None) or getattr(mlp, f"{name}_proj"), (side, i, name))
+            out(mlp, (side, i, "mlp_out"))
+        out(teacher.model.layers[i].self_attn.o_proj, ("t", i, "attn_out"))
+        hooks.append(student.model.layers[i].self_attn.o_proj.register_forward_pre_hook(
+            lambda m, a, i=i: caps.__setitem__(("s", i, "attn_out"), a[0])))
+    with torch.no_grad():
+        teacher(input_ids=ids)
+    student(input_ids=ids)
+    for h in hooks:
+        h.remove()
+    terms = {}
+    for name in CLONE_TERMS:
+        per_layer = []
+        for i in layers:
+            s, t = caps[("s", i, name)], caps[("t", i, name)]
+            if name == "attn_out":
+                s = torch.nn.functional.linear(s, teacher.model.layers[i].self_attn.o_proj.weight)
+            if name == "mlp_out":
+                t = torch.nn.functional.linear(t, down_clone_map(student.model.layers[i].mlp))
+            per_layer.append(torch.nn.functional.mse_loss(s.float(), t.float()))
+        terms[name] = sum(per_layer)
+    return terms
+
+
+def _grads(student, loss):
+    params = [p for _, p in trainable_parameters(student)]
+    return torch.autograd.grad(loss, params, allow_unused=True)
+
+
+@pytest.mark.parametrize("kind,arm", [("llama-tied", "slice"), ("qwen2-untied", "slice"), ("llama-untied", "dense")])
+def test_streamed_clone_terms_match_the_captured_ones_values_and_gradients(token_batch, kind, arm):
+    teacher = make_teacher(kind)
+    student = build_student(teacher, 16, seed=3)
+    if arm != "slice":
+        apply_arm(student, teacher, arm)
+    with torch.no_grad():  # a student away from its init, so that every term is non-trivial
+        for _, p in trainable_parameters(student):
+            p.add_(torch.randn_like(p) * 0.05)
+    recipe = RecipeArgs(ce_weight=0.0, kl_weight=0.0, alpha=1.0)
+    total, terms = CloneObjective(teacher, student, recipe).loss({"input_ids": token_batch})
+    ref = reference_clone_terms(teacher, student, token_batch, [0, 1])
+    for name in CLONE_TERMS:
+        torch.testing.assert_close(terms[name], ref[name].detach(), rtol=1e-5, atol=1e-7)
+    got, want = _grads(student, total), _grads(student, sum(ref.values()))
+    assert sum(w is not None for w in want) > 0
+    for g, w in zip(got, want):  # (the 0-weighted CE and KL give zero, not absent, gradients)
+        g = torch.zeros_like(w if w is not None else g) if g is None else g
+        torch.testing.assert_close(g, torch.zeros_like(g) if w is None else w, rtol=1e-5, atol=1e-8)
+
+
+def test_teacher_ms_divides_each_layers_mse_by_its_targets_mean_square(token_batch):
+    teacher = make_teacher("llama-tied")
+    student = build_student(teacher, 16, seed=3)
+    objective = CloneObjective(teacher, student, RecipeArgs(clone_norm="teacher_ms", ce_weight=0.0, kl_weight=0.0, alpha=1.0))
+    total, terms = objective.loss({"input_ids": token_batch})
+    per_layer = objective.layer_terms()
+    for name in CLONE_TERMS:
+        want = sum(per_layer["mse"][(i, name)] / per_layer["target_ms"][(i, name)] for i in (0, 1))
+        torch.testing.assert_close(terms[name], want)
+    # the target's mean square, by hand, for one term; and the scale is detached in the gradient
+    caps = {}
+    h = teacher.model.layers[1].mlp.gate_proj.register_forward_hook(lambda m, a, o: caps.__setitem__("gate", o))
+    with torch.no_grad():
+        teacher(input_ids=token_batch)
+    h.remove()
+    torch.testing.assert_close(per_layer["target_ms"][(1, "gate")], caps["gate"].square().mean())
+    raw = CloneObjective(teacher, student, RecipeArgs(ce_weight=0.0, kl_weight=0.0, alpha=1.0, clone_terms=["gate"], clone_layers=[1]))
+    raw_total, _ = raw.loss({"input_ids": token_batch})
+    g_raw = student.model.layers[1].mlp.gate_proj.parametrizations.weight.original
+    only_gate = CloneObjective(teacher, student, RecipeArgs(clone_norm="teacher_ms", ce_weight=0.0, kl_weight=0.0, alpha=1.0, clone_terms=["gate"], clone_layers=[1]))
+    norm_total, _ = only_gate.loss({"input_ids": token_batch})
+    (a,) = torch.autograd.grad(raw_total, g_raw)
+    (b,) = torch.autograd.grad(norm_total, g_raw)
+    torch.testing.assert_close(b, a / per_layer["target_ms"][(1, "gate")])
+    with pytest.raises(LRCError, match="clone_norm"):
+        RecipeArgs(clone_norm="layer")
+
+
+def _saved_bytes(fn) -> int:
+    """Bytes of the distinct storages autograd saves for backward while ``fn`` runs."""
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_streamed_terms_save_one_tensor_per_term(dtype):
+    teacher = make_teacher("llama-tied")
+    student = build_student(teacher, 16, seed=3)
+    ids = torch.randint(0, 97, (2, 32), generator=torch.Generator().manual_seed(0))
+
+    def cost(with_terms, without_terms):  # what the clone terms add to what the step saves
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            return _saved_bytes(with_terms) - _saved_bytes(without_terms)
+
+    streamed = cost(lambda: CloneObjective(teacher, student, RecipeArgs()).loss({"input_ids": ids}),
+                    lambda: CloneObjective(teacher, student, RecipeArgs(clone_terms=[])).loss({"input_ids": ids}))
+    captured = cost(lambda: reference_clone_terms(teacher, student, ids, [0, 1]), lambda: student(input_ids=ids))
+    # one s - t per term and layer, in the compute dtype, plus the teacher MLP output P_down's gradient needs
+    elem = torch.finfo(dtype).bits // 8
+    widths = 2 * (32 + 16 + 16 + 32 + 96 + 96 + 16) + 2 * 32
+    assert streamed <= 2 * 32 * widths * elem + 2 * 32 * 2 * 32 * 4, (streamed, captured)
+    assert streamed < (0.5 if dtype == torch.bfloat16 else 1.0) * captured, (streamed, captured)
