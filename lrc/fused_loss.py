@@ -114,9 +114,11 @@ class _FusedCEKL(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total, _grad_ce, _grad_kl):
         grad_h, grad_w = ctx.saved_tensors
-        if bool(grad_total != 1):  # the usual 1 (a loss backward): no [V, r] copy
-            grad_h = None if grad_h is None else grad_h * grad_total.to(grad_h.dtype)
-            grad_w = None if grad_w is None else grad_w * grad_total.to(grad_w.dtype)
+        # Always scaled (out of place): testing for the usual 1 would read the value, a device
+        # sync on a GPU and impossible under the planner's fake tensors; gradient accumulation
+        # scales the loss anyway.
+        grad_h = None if grad_h is None else grad_h * grad_total.to(grad_h.dtype)
+        grad_w = None if grad_w is None else grad_w * grad_total.to(grad_w.dtype)
         return grad_h, grad_w, *([None] * 9)
 
 

@@ -81,13 +81,13 @@ def test_identity_coordinates_are_plain_adamw_bitwise():
     assert torch.equal(plain.state[a]["exp_avg_sq"], mapped.state[b]["exp_avg_sq"])
 
 
-def run(tmp, arm, core_impl, *, steps=50, micro=4, ckpt_dir=None, checkpoint_every=0):
+def run(tmp, arm, core_impl, *, steps=50, micro=4, ckpt_dir=None, checkpoint_every=0, keep_checkpoints="final"):
     teacher = make_teacher("qwen2-untied")
     student = student_of(teacher, compute_bases(teacher), arm, core_impl)
     objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
     args = TrainArgs(tokens=steps * 4 * SEQ, batch_size=4, micro_batch_size=micro, lr=3e-3, warmup=0.1, weight_decay=0.1,
                      grad_clip=0.5, log_every=1, checkpoint_every=checkpoint_every, threads=1, progress=False,
-                     ckpt_dir=ckpt_dir or tmp / f"{arm}-{core_impl}.ckpt")
+                     ckpt_dir=ckpt_dir or tmp / f"{arm}-{core_impl}.ckpt", keep_checkpoints=keep_checkpoints)
     summary = train(objective, student, RandomTokens(rows=40), args, tmp / "out")
     objective.close()
     records = [json.loads(line) for line in open(summary["metrics"])]
@@ -108,9 +108,15 @@ def test_optimizer_step_basis_change_equals_the_parametrised_arm_over_50_steps(a
     new, _, new_log = run(tmp_path, arm, "optimizer")
     assert isinstance(CoordinateAdamW, type) and coordinate_maps(new) and not coordinate_maps(ref)
     assert len(ref_log) == len(new_log) == 50
-    for key in ("loss", "grad_norm", "ce", "kl", "gate"):
+    for key in ("loss", "grad_norm", "ce", "gate"):
         a, b = torch.tensor([r[key] for r in new_log]), torch.tensor([r[key] for r in ref_log])
         assert ((a - b).abs() / b.abs()).max().item() <= 1e-5, key
+    # The KL (~0.03 here) is a sum of p·(log p_t - log p_s) over every position and vocabulary
+    # entry: its fp32 value carries absolute rounding of order 1e-6 (the dense and the fused
+    # loss give the same value, and the same error against fp64), so it is held at 1e-5
+    # relative above a 1e-6 absolute floor; measured: 3.3e-7 absolute at worst (fused loss).
+    a, b = torch.tensor([r["kl"] for r in new_log]), torch.tensor([r["kl"] for r in ref_log])
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     # mlp_out is 4e-8..4e-6 here: relative at 1e-5, but not below a 1e-10 absolute floor.
     a, b = torch.tensor([r["mlp_out"] for r in new_log]), torch.tensor([r["mlp_out"] for r in ref_log])
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-10)
@@ -123,7 +129,9 @@ def test_optimizer_step_basis_change_equals_the_parametrised_arm_over_50_steps(a
 
 
 def test_resume_from_a_mid_run_checkpoint_is_bitwise(tmp_path):
-    straight, _, _ = run(tmp_path, "core", "optimizer", steps=20, micro=2, ckpt_dir=tmp_path / "a", checkpoint_every=10)
+    # keep_checkpoints="all": the finished run's mid-run checkpoint is what the copy resumes from
+    straight, _, _ = run(tmp_path, "core", "optimizer", steps=20, micro=2, ckpt_dir=tmp_path / "a", checkpoint_every=10,
+                         keep_checkpoints="all")
     (tmp_path / "b").mkdir()
     shutil.copytree(tmp_path / "a" / ckpt.step_dir_name(10), tmp_path / "b" / ckpt.step_dir_name(10))
     resumed, _, log = run(tmp_path, "core", "optimizer", steps=20, micro=2, ckpt_dir=tmp_path / "b", checkpoint_every=10)
