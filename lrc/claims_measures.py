@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from lrc.claims_rows import (
-    Paper, chance_level, load_records, measure_row, paired_row, paper, scores_by_seed, student_runs, teacher_record,
+    Paper, chance_level, experiment_of_input, load_records, measure_row, paired_row, paper, scores_by_seed, student_runs, teacher_record,
 )
 from lrc.errors import LRCError
 from lrc.names import ARMS, parse_run_name
@@ -111,7 +111,7 @@ def coordinates(paths: Sequence[Path]) -> pd.DataFrame:
         frame = _read_csv(path, UPDATE_COLUMNS, "update-energy CSV")
         for step, at in frame.groupby("step"):
             per_run.append({**run, "step": int(step), "seen": float(at["tokens"].iloc[0]), "share": _share(at, "inside"),
-                            "exp": path.parent.parent.parent.name})
+                            "exp": experiment_of_input(path)})
     if not per_run:
         raise LRCError("coordinates: the update-energy CSVs hold no step")
     data = pd.DataFrame(per_run)
@@ -133,11 +133,11 @@ def coordinates(paths: Sequence[Path]) -> pd.DataFrame:
                                 recipe=recipe, tokens=tokens, arm=arm, step=last, tokens_seen=float(at["seen"].mean()), final=True))
         if len(seeds) != len(final[(recipe, arm, tokens)]):
             raise LRCError(f"coordinates: {recipe}-{arm}-t{tokens}: not every seed logged step {last}")
-    rows += _arm_differences(final)
+    rows += _arm_differences(final, data["exp"].iloc[0])
     return pd.DataFrame(rows)
 
 
-def _arm_differences(final: dict[tuple, dict[int, float]]) -> list[dict[str, Any]]:
+def _arm_differences(final: dict[tuple, dict[int, float]], experiment: str) -> list[dict[str, Any]]:
     """dense − core (and any other pair present) of the final share, paired by seed."""
     rows = []
     for (recipe, a, tokens), va in final.items():
@@ -145,5 +145,6 @@ def _arm_differences(final: dict[tuple, dict[int, float]]) -> list[dict[str, Any
             if (recipe_b, tokens_b) == (recipe, tokens) and (a, b) in (("dense", "core"), ("dense", "randcomp"), ("core", "randcomp")):
                 rows.append(paired_row("coordinates", f"{a} − {b}: final share inside the teacher's subspace (points)", va, vb,
                                        a_name=f"{recipe}-{a}-t{tokens}", b_name=f"{recipe}-{b}-t{tokens}", recipe=recipe,
-                                       tokens=tokens, direction="the paper has no number for it", final=True))
+                                       tokens=tokens, direction="the paper has no number for it", experiment=experiment,
+                                       final=True))
     return rows

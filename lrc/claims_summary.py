@@ -43,6 +43,8 @@ def read_claim_tables(paths: Sequence[Path]) -> pd.DataFrame:
     rows = pd.concat(frames, ignore_index=True)
     if not len(rows):
         raise LRCError("--inputs: no headline row in the claim tables given")
+    if "experiment" in rows and rows["experiment"].nunique() > 1:  # claims.csv has no experiment column
+        rows["comparison"] = rows["experiment"].astype(str) + ": " + rows["comparison"].astype(str)
     return rows
 
 
@@ -80,8 +82,9 @@ def markdown(rows: pd.DataFrame, *, seconds: float | None = None) -> str:
     lines += ["", "## How to read it", "",
               f"- Interval: {CI_METHOD} (blank for one seed). Scores are the suite's aggregate in percent; gains are "
               "paired by seed (same seed = same data order) and the p-value is the two-sided paired t-test.",
-              "- What the seed varies, and what it does not (the teacher; the warm start unless "
-              "`claims.vary_warmstart` is set): see [docs/method.md](../docs/method.md) and the README.",
+              "- The seed varies the data order and anything random in the arm; it does not vary the teacher, "
+              "nor the warm start unless `claims.vary_warmstart` is set: see "
+              "[docs/method.md §7, what a seed varies](../docs/method.md) and the README.",
               "- Paper numbers: docs/method.md §4; each claim table's `paper_setting` names the paper's setting.",
               "", "What \"direction\" means on each row:", ""]
     lines += [f"- {r['claim']}, {r['comparison']}: {r.get('direction', '')}. Paper: {r.get('paper_setting', '')}. "

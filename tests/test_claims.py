@@ -247,3 +247,21 @@ def test_bad_inputs_are_refused_with_the_culprit(evals, tmp_path, capsys):
     assert claims("summary", "--inputs", tmp_path / "bad.csv", "--out", out) == 2
     assert "missing column" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_two_experiments_get_their_own_rows_and_figure_panels(tmp_path):
+    files = []
+    for exp, offset in (("tiny", 0), ("other", 10)):
+        evals = tmp_path / "results" / exp / "eval"
+        files.append(write_eval(evals, "teacher", 90))
+        for tokens in (100, 200, 400, 800):
+            files += runs(evals, "slice", [v + offset for v in SLICE], tokens=tokens)
+            files += runs(evals, "dense", [v + offset for v in DENSE], tokens=tokens)
+    t1, sat = tmp_path / "table1.csv", tmp_path / "saturation.csv"
+    assert claims("table1", "--inputs", *files, "--out", t1) == 0
+    assert claims("saturation", "--inputs", *files, "--out", sat, "--figure", tmp_path / "s.png") == 0
+    t = pd.read_csv(t1)
+    assert list(t["experiment"]) == ["tiny"] * 4 + ["other"] * 4 and (t["miniature"] == 3.0).all()
+    assert claims("summary", "--inputs", t1, sat, "--out", tmp_path / "claims.csv") == 0
+    s = pd.read_csv(tmp_path / "claims.csv")
+    assert "other: long-budget gap: dense − slice at the largest budget (800 tokens)" in list(s["comparison"])
