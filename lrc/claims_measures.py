@@ -23,6 +23,7 @@ from lrc.claims_rows import (
 )
 from lrc.errors import LRCError
 from lrc.names import ARMS, parse_run_name
+from lrc.stats import paired_t_pvalue
 
 # The knockout "collapses to chance" when the knocked-out student keeps at most this share of
 # its margin above chance (means over seeds).
@@ -97,8 +98,8 @@ def _chance_row(after: dict[int, float], before: dict[int, float], chance: float
     mean_before = sum(before[s] for s in after if s in before) / max(1, sum(s in before for s in after))
     holds = None if math.isnan(chance) else bool(mean_after - chance <= CHANCE_MARGIN * (mean_before - chance))
     return measure_row(
-        "knockout", f"{common['arm']}: score after the knockout − chance", above, ref=ref, headline=True,
-        direction=(f"removal collapses to chance: the knocked-out student keeps at most {CHANCE_MARGIN:.0%} of its margin "
+        "knockout", f"{common['arm']}: score after the knockout − chance", above, ref=ref, headline=True, p_value=paired_t_pvalue(above.values()),
+        direction=(f"removal collapses to chance: the knocked-out student keeps at most {100 * CHANCE_MARGIN:.0f} % of its margin "
                    "above chance (means); an interval that excludes 0 says it is measurably above chance"),
         direction_holds=holds, score_before=mean_before, score_after=mean_after, chance=chance, **common,
     )
@@ -116,7 +117,7 @@ def coordinates(paths: Sequence[Path]) -> pd.DataFrame:
         raise LRCError("coordinates: the update-energy CSVs hold no step")
     data = pd.DataFrame(per_run)
     rows, final = [], {}
-    note = "the paper has no number: the tiny world's measurement (share of update energy inside the teacher's subspace)"
+    note = "no paper number: the tiny world's measurement of where AdamW's updates go"
     for (recipe, arm, tokens), group in sorted(data.groupby(["recipe", "arm", "tokens"]), key=lambda g: (g[0][0], ARMS.index(g[0][1]), g[0][2])):
         seeds = sorted(group["seed"].unique())
         # the last step every seed logged (a run cut short does not hide behind the others)

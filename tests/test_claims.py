@@ -150,6 +150,7 @@ def test_knockout_energy_outside_score_drop_and_chance(evals, tmp_path):
     chance = t.loc["dense: score after the knockout − chance"]  # chance 25 %: 1, 0, 2 above it
     assert chance["chance"] == pytest.approx(25.0) and chance["miniature"] == pytest.approx(1.0)
     assert chance["score_before"] == pytest.approx(53.0) and bool(chance["direction_holds"])  # 1 <= 0.25 * 28
+    assert chance["p_value"] == pytest.approx(0.2254, abs=1e-4)  # 1, 0, 2 against 0: t = 1.732 on 2 df
     # A knocked-out seed without its occupancy CSV is named.
     assert claims("knockout", "--inputs", *files[:-1], "--out", tmp_path / "k2.csv") == 2
 
@@ -199,7 +200,7 @@ def test_coordinates_energy_weighted_share_per_step_and_final(tmp_path):
     assert t.loc["dense: update energy inside the teacher's subspace (%) at step 10", "per_seed"] == "40.0000 40.0000"
     final = t.loc["dense: update energy inside the teacher's subspace (%) at the end (step 20)"]
     assert final["miniature"] == pytest.approx(70.0) and bool(final["headline"]) and final["tokens_seen"] == 2000
-    assert math.isnan(final["paper"]) and "no number" in final["direction"] and math.isnan(final["direction_holds"])
+    assert math.isnan(final["paper"]) and "no paper number" in final["direction"] and math.isnan(final["direction_holds"])
     diff = t.loc["dense − core: final share inside the teacher's subspace (points)"]  # 60-90, 80-100
     assert diff["per_seed"] == "-30.0000 -20.0000"
 
@@ -219,9 +220,9 @@ def test_summary_csv_and_markdown(evals, tmp_path):
     assert list(s["rule"]) == ["claim_table1"] * 2 + ["claim_controls"] * 3 and s.loc[0, "table"] == str(t1)
     assert s.loc[0, "miniature"] == pytest.approx(3.0) and s.loc[0, "ci_low"] == pytest.approx(3 - HALF, abs=1e-4)
     text = md.read_text()
-    assert "| table1 | dense − slice | +2.23 | +3.00 [+0.52, +5.48] | 3 | 0.0351 | yes | yes | `claim_table1` |" in text
+    assert "| 1 | table1 | dense − slice | +2.23 | +3.00 [+0.52, +5.48] | 3 | 0.0351 | yes | yes | `claim_table1` |" in text
     assert "20.6 min (1234 s)" in text and "Student's t" in text and "docs/method.md" in text
-    assert "confined − slice: no effect, as in the paper" in text
+    assert "3. no effect, as in the paper (-0.02): the interval holds 0. Paper: Llama-3.2-3B" in text
 
 
 def test_bad_inputs_are_refused_with_the_culprit(evals, tmp_path, capsys):
