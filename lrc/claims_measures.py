@@ -58,6 +58,8 @@ def _share(frame: pd.DataFrame, part: str) -> float:
 
 def knockout(paths: Sequence[Path]) -> pd.DataFrame:
     paths = [Path(p) for p in paths]
+    if not any(p.suffix == ".json" for p in paths):
+        raise LRCError("knockout: no evaluation JSON among --inputs (the runs', their .knockout's and teacher.json)")
     records = load_records([p for p in paths if p.suffix == ".json"])
     occupancy = {}
     for path in (p for p in paths if p.suffix == ".csv"):

@@ -152,7 +152,8 @@ def paired_row(claim: str, comparison: str, a: Mapping[int, float], b: Mapping[i
                b_name: str, ref: Paper = NO_PAPER, headline: bool = False, **extra: Any) -> dict[str, Any]:
     """A row for ``a - b`` paired by seed: mean difference, its interval, paired p-value."""
     diffs = paired_differences(a, b, a_name=a_name, b_name=b_name)
-    extra = {"model": a_name, "model_mean": _mean(a), "baseline": b_name, "baseline_mean": _mean(b), **extra}
+    extra = {"model": a_name, "model_mean": _mean(a), "model_per_seed": per_seed_text(a), "baseline": b_name,
+             "baseline_mean": _mean(b), "baseline_per_seed": per_seed_text(b), **extra}
     return _row(claim, comparison, diffs, paired_t_pvalue(diffs.values()), ref, headline, extra)
 
 

@@ -60,6 +60,7 @@ def test_table1_pairs_each_full_arm_with_its_slice(evals, tmp_path):
     assert dense["per_seed"] == "3.0000 2.0000 4.0000" and dense["seeds"] == "0 1 2" and dense["n_seeds"] == 3
     assert dense["paper"] == 2.23 and "Llama-3.2-3B" in dense["paper_setting"] and dense["paper_source"] == "docs/method.md §4"
     assert dense["model_mean"] == pytest.approx(53.0) and dense["baseline_mean"] == pytest.approx(50.0)
+    assert dense["model_per_seed"] == "43.0000 52.0000 64.0000" and dense["baseline_per_seed"] == "40.0000 50.0000 60.0000"
     assert bool(dense["direction_holds"]) and bool(dense["ci_excludes_zero"]) and bool(dense["headline"])
     core = t.loc["core − slice"]  # gains 1, 0, 2: t = 1.732, p = 0.2254; the interval holds 0
     assert core["miniature"] == pytest.approx(1.0) and core["p_value"] == pytest.approx(0.2254, abs=1e-4)
