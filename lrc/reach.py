@@ -1,9 +1,10 @@
 """The parameterisations of METHOD.md §1 and §3, as ``torch.nn.utils.parametrize`` modules.
 
 Each module maps the trainable tensor stored in ``parametrizations.weight.original`` to
-the deployed weight of a real transformers ``nn.Linear`` / ``nn.Embedding``. Frozen
-tensors (teacher weights, bases) are *non-persistent* buffers: they are never trained
-and never written into an LRC state (they are rebuilt from the teacher and its bases).
+the deployed weight of a real transformers ``nn.Linear`` / ``nn.Embedding``. The teacher
+weights are read from the teacher module itself (:class:`TeacherTensor`: no copy, the
+teacher's dtype); the bases are *non-persistent* buffers. Neither is ever trained or
+written into an LRC state (they are the teacher's, and rebuilt from its bases).
 
 Plain LRC factors (every weight of the `slice` student):
 
@@ -87,37 +88,71 @@ CORE_IMPLS = ("optimizer", "optimizer-wy", "parametrized")
 COORDINATE_ARMS = ("core", "randcomp")
 
 
-class TeacherTimesFactor(nn.Module):
-    """``W = T · A`` with T frozen (q/k/v projections)."""
+class TeacherTensor:
+    """The teacher module's own tensor ``module.<name>``, read where it lives, never copied.
 
-    def __init__(self, teacher_weight: torch.Tensor):
+    Not a buffer and not a submodule: the student's ``.to()``, ``state_dict``, DDP and FSDP
+    never see it, so the teacher's weights are held once per process, in the teacher's
+    dtype and on its device (a bf16 teacher on a GPU: bf16, which autocast then uses as it
+    is, with nothing cast or saved per forward). Read at every use, so it follows the
+    teacher wherever it is moved or cast (:func:`lrc.train.place_teacher`). A deep copy of
+    the student shares it (the teacher is frozen: METHOD.md §1, lrc.hf).
+    """
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module: nn.Module, name: str = "weight"):
+        self.module, self.name = module, name
+
+    def get(self) -> torch.Tensor:
+        return getattr(self.module, self.name)
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _teacher_operand(handle: TeacherTensor, factor: torch.Tensor) -> torch.Tensor:
+    """The teacher tensor as the product with ``factor`` takes it: itself, or (a teacher in
+    another dtype outside autocast, e.g. a bf16 teacher and an fp32 student) cast per use."""
+    t = handle.get()
+    if t.device != factor.device:
+        raise LRCError(f"the LRC student reads its teacher's {handle.name} on {t.device}, its factors are on {factor.device}: "
+                       "place the teacher on the student's device")
+    if t.dtype != factor.dtype and not torch.is_autocast_enabled(factor.device.type):
+        return t.to(factor.dtype)
+    return t
+
+
+class _ReadsTeacher(nn.Module):
+    def __init__(self, teacher_module: nn.Module, name: str = "weight"):
         super().__init__()
-        self.register_buffer("frozen", teacher_weight, persistent=False)
+        self.teacher_tensor = TeacherTensor(teacher_module, name)
+
+    @property
+    def frozen(self) -> torch.Tensor:
+        """The teacher tensor T (the teacher's own, see :class:`TeacherTensor`)."""
+        return self.teacher_tensor.get()
+
+
+class TeacherTimesFactor(_ReadsTeacher):
+    """``W = T · A`` with T the teacher's frozen weight (q/k/v projections)."""
 
     def forward(self, factor: torch.Tensor) -> torch.Tensor:
-        return self.frozen @ factor
+        return _teacher_operand(self.teacher_tensor, factor) @ factor
 
 
-class FactorTimesTeacher(nn.Module):
-    """``W = B · T`` with T frozen (o and down projections)."""
-
-    def __init__(self, teacher_weight: torch.Tensor):
-        super().__init__()
-        self.register_buffer("frozen", teacher_weight, persistent=False)
+class FactorTimesTeacher(_ReadsTeacher):
+    """``W = B · T`` with T the teacher's frozen weight (o and down projections)."""
 
     def forward(self, factor: torch.Tensor) -> torch.Tensor:
-        return factor @ self.frozen
+        return factor @ _teacher_operand(self.teacher_tensor, factor)
 
 
-class TeacherTimesFactorT(nn.Module):
-    """``W = T · Pᵀ`` with T frozen (gate/up projections, embedding, head)."""
-
-    def __init__(self, teacher_weight: torch.Tensor):
-        super().__init__()
-        self.register_buffer("frozen", teacher_weight, persistent=False)
+class TeacherTimesFactorT(_ReadsTeacher):
+    """``W = T · Pᵀ`` with T the teacher's frozen weight (gate/up projections, embedding, head)."""
 
     def forward(self, factor: torch.Tensor) -> torch.Tensor:
-        return self.frozen @ factor.T
+        return _teacher_operand(self.teacher_tensor, factor) @ factor.T
 
 
 class SpectralCoordinates(nn.Module):
