@@ -40,7 +40,9 @@ Where core/randcomp's basis change runs (``core_impl`` of :func:`apply_arm`, rec
   instead of ``ormqr``'s sequence of reflections plus the ``U_r`` product; meant for GPUs,
   where ``ormqr`` (fp32 only, no autocast) runs off the tensor cores. Costs T ``[H, H]`` and
   V ``[d_ff, H]`` per matrix (at Llama-3.2-3B: 38 + 100 MB fp32, vs 268 MB for a
-  materialised ``[U_r U_perp]``), and a float64 ``VᵀV`` when the arm is applied (2.8 s
+  materialised ``[U_r U_perp]``; U_r and the reflectors, read only to make the step-0
+  weight, are dropped then: :meth:`SpectralCoordinates.keep_wy_form_only`, 11.6 GB instead of
+  28.5 GB per process at Llama-3.2-3B), and a float64 ``VᵀV`` when the arm is applied (2.8 s
   per matrix on one CPU thread at Llama-3.2-3B widths, as the QR). Measured on one CPU
   thread at those widths (d_ff 8192, H 3072, r 1536), per matrix and step (both maps):
   2.15 s vs 3.36 s with ``ormqr``. Same math, other rounding: its 50-step trajectory
@@ -176,10 +178,20 @@ class SpectralCoordinates(nn.Module):
         signs = None if wy is None else torch.where(torch.diagonal(reflectors) < 0, -1.0, 1.0).to(basis.dtype)
         self.register_buffer("wy_s", signs, persistent=False)
         self.transpose = transpose
+        self.h = basis.shape[1]
+
+    def keep_wy_form_only(self) -> None:
+        """Drop U_r, the reflectors and tau once the step-0 weight is made (the wy form only):
+        :meth:`forward` and :meth:`coordinates` read V, T and the signs alone, so a training
+        process holds ``[d_ff, H] + [H, H]`` per matrix instead of three ``[d_ff, H]``. The
+        results are unchanged (nothing read is dropped); :meth:`right_inverse` is then refused."""
+        if self.wy_v is None:
+            raise LRCError("keep_wy_form_only: this map applies Q with ormqr (no compact-WY form)")
+        self.basis = self.reflectors = self.tau = None
 
     def _complement(self, c: torch.Tensor) -> torch.Tensor:
         """``U_perp · C`` = ``Q · [0; C]`` (ormqr)."""
-        h = self.basis.shape[1]
+        h = self.h
         padded = torch.cat([c.new_zeros(h, c.shape[1]), c], dim=0)
         return torch.ormqr(self.reflectors, self.tau, padded)
 
@@ -189,7 +201,7 @@ class SpectralCoordinates(nn.Module):
         return x - self.wy_v @ (t @ (self.wy_v.T @ x))
 
     def forward(self, coords: torch.Tensor) -> torch.Tensor:
-        h = self.basis.shape[1]
+        h = self.h
         a, c = coords[:h], coords[h:]
         if self.rotation is not None:
             c = self.rotation @ c
@@ -201,6 +213,8 @@ class SpectralCoordinates(nn.Module):
 
     @torch.no_grad()
     def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
+        if self.basis is None:
+            raise LRCError("right_inverse: this coordinate map kept its compact-WY form only (keep_wy_form_only)")
         w = weight.T if self.transpose else weight
         a = self.basis.T @ w
         c = torch.zeros(w.shape[0] - a.shape[0], w.shape[1], dtype=w.dtype, device=w.device)
@@ -214,7 +228,7 @@ class SpectralCoordinates(nn.Module):
         (``basisᵀ·g`` and, through ``ormqr``'s backward, ``Oᵀ·(Qᵀ·g)[H:]``), in one pass.
         """
         g = tensor.T if self.transpose else tensor
-        h = self.basis.shape[1]
+        h = self.h
         if self.wy_v is None:
             a = self.basis.T @ g
             c = torch.ormqr(self.reflectors, self.tau, g, left=True, transpose=True)[h:]
@@ -329,6 +343,8 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_imp
             if in_optimizer:
                 with torch.no_grad():  # exactly the parametrised arm's step-0 weight
                     w = module(module.right_inverse(w0)).contiguous()
+                if module.wy_v is not None:
+                    module.keep_wy_form_only()  # U_r and the reflectors are not read again
                 proj.weight = nn.Parameter(w, requires_grad=True)
                 setattr(proj, COORDINATES_ATTR, module)  # a submodule: moves with .to(), never saved
                 continue
