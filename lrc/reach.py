@@ -1,9 +1,10 @@
 """The parameterisations of METHOD.md §1 and §3, as ``torch.nn.utils.parametrize`` modules.
 
 Each module maps the trainable tensor stored in ``parametrizations.weight.original`` to
-the deployed weight of a real transformers ``nn.Linear`` / ``nn.Embedding``. Frozen
-tensors (teacher weights, bases) are *non-persistent* buffers: they are never trained
-and never written into an LRC state (they are rebuilt from the teacher and its bases).
+the deployed weight of a real transformers ``nn.Linear`` / ``nn.Embedding``. The teacher
+weights are read from the teacher module itself (:class:`TeacherTensor`: no copy, the
+teacher's dtype); the bases are *non-persistent* buffers. Neither is ever trained or
+written into an LRC state (they are the teacher's, and rebuilt from its bases).
 
 Plain LRC factors (every weight of the `slice` student):
 
@@ -39,7 +40,9 @@ Where core/randcomp's basis change runs (``core_impl`` of :func:`apply_arm`, rec
   instead of ``ormqr``'s sequence of reflections plus the ``U_r`` product; meant for GPUs,
   where ``ormqr`` (fp32 only, no autocast) runs off the tensor cores. Costs T ``[H, H]`` and
   V ``[d_ff, H]`` per matrix (at Llama-3.2-3B: 38 + 100 MB fp32, vs 268 MB for a
-  materialised ``[U_r U_perp]``), and a float64 ``VᵀV`` when the arm is applied (2.8 s
+  materialised ``[U_r U_perp]``; U_r and the reflectors, read only to make the step-0
+  weight, are dropped then: :meth:`SpectralCoordinates.keep_wy_form_only`, 11.6 GB instead of
+  28.5 GB per process at Llama-3.2-3B), and a float64 ``VᵀV`` when the arm is applied (2.8 s
   per matrix on one CPU thread at Llama-3.2-3B widths, as the QR). Measured on one CPU
   thread at those widths (d_ff 8192, H 3072, r 1536), per matrix and step (both maps):
   2.15 s vs 3.36 s with ``ormqr``. Same math, other rounding: its 50-step trajectory
@@ -87,37 +90,71 @@ CORE_IMPLS = ("optimizer", "optimizer-wy", "parametrized")
 COORDINATE_ARMS = ("core", "randcomp")
 
 
-class TeacherTimesFactor(nn.Module):
-    """``W = T · A`` with T frozen (q/k/v projections)."""
+class TeacherTensor:
+    """The teacher module's own tensor ``module.<name>``, read where it lives, never copied.
 
-    def __init__(self, teacher_weight: torch.Tensor):
+    Not a buffer and not a submodule: the student's ``.to()``, ``state_dict``, DDP and FSDP
+    never see it, so the teacher's weights are held once per process, in the teacher's
+    dtype and on its device (a bf16 teacher on a GPU: bf16, which autocast then uses as it
+    is, with nothing cast or saved per forward). Read at every use, so it follows the
+    teacher wherever it is moved or cast (:func:`lrc.train.place_teacher`). A deep copy of
+    the student shares it (the teacher is frozen: METHOD.md §1, lrc.hf).
+    """
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module: nn.Module, name: str = "weight"):
+        self.module, self.name = module, name
+
+    def get(self) -> torch.Tensor:
+        return getattr(self.module, self.name)
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _teacher_operand(handle: TeacherTensor, factor: torch.Tensor) -> torch.Tensor:
+    """The teacher tensor as the product with ``factor`` takes it: itself, or (a teacher in
+    another dtype outside autocast, e.g. a bf16 teacher and an fp32 student) cast per use."""
+    t = handle.get()
+    if t.device != factor.device:
+        raise LRCError(f"the LRC student reads its teacher's {handle.name} on {t.device}, its factors are on {factor.device}: "
+                       "place the teacher on the student's device")
+    if t.dtype != factor.dtype and not torch.is_autocast_enabled(factor.device.type):
+        return t.to(factor.dtype)
+    return t
+
+
+class _ReadsTeacher(nn.Module):
+    def __init__(self, teacher_module: nn.Module, name: str = "weight"):
         super().__init__()
-        self.register_buffer("frozen", teacher_weight, persistent=False)
+        self.teacher_tensor = TeacherTensor(teacher_module, name)
+
+    @property
+    def frozen(self) -> torch.Tensor:
+        """The teacher tensor T (the teacher's own, see :class:`TeacherTensor`)."""
+        return self.teacher_tensor.get()
+
+
+class TeacherTimesFactor(_ReadsTeacher):
+    """``W = T · A`` with T the teacher's frozen weight (q/k/v projections)."""
 
     def forward(self, factor: torch.Tensor) -> torch.Tensor:
-        return self.frozen @ factor
+        return _teacher_operand(self.teacher_tensor, factor) @ factor
 
 
-class FactorTimesTeacher(nn.Module):
-    """``W = B · T`` with T frozen (o and down projections)."""
-
-    def __init__(self, teacher_weight: torch.Tensor):
-        super().__init__()
-        self.register_buffer("frozen", teacher_weight, persistent=False)
+class FactorTimesTeacher(_ReadsTeacher):
+    """``W = B · T`` with T the teacher's frozen weight (o and down projections)."""
 
     def forward(self, factor: torch.Tensor) -> torch.Tensor:
-        return factor @ self.frozen
+        return factor @ _teacher_operand(self.teacher_tensor, factor)
 
 
-class TeacherTimesFactorT(nn.Module):
-    """``W = T · Pᵀ`` with T frozen (gate/up projections, embedding, head)."""
-
-    def __init__(self, teacher_weight: torch.Tensor):
-        super().__init__()
-        self.register_buffer("frozen", teacher_weight, persistent=False)
+class TeacherTimesFactorT(_ReadsTeacher):
+    """``W = T · Pᵀ`` with T the teacher's frozen weight (gate/up projections, embedding, head)."""
 
     def forward(self, factor: torch.Tensor) -> torch.Tensor:
-        return self.frozen @ factor.T
+        return _teacher_operand(self.teacher_tensor, factor) @ factor.T
 
 
 class SpectralCoordinates(nn.Module):
@@ -141,10 +178,20 @@ class SpectralCoordinates(nn.Module):
         signs = None if wy is None else torch.where(torch.diagonal(reflectors) < 0, -1.0, 1.0).to(basis.dtype)
         self.register_buffer("wy_s", signs, persistent=False)
         self.transpose = transpose
+        self.h = basis.shape[1]
+
+    def keep_wy_form_only(self) -> None:
+        """Drop U_r, the reflectors and tau once the step-0 weight is made (the wy form only):
+        :meth:`forward` and :meth:`coordinates` read V, T and the signs alone, so a training
+        process holds ``[d_ff, H] + [H, H]`` per matrix instead of three ``[d_ff, H]``. The
+        results are unchanged (nothing read is dropped); :meth:`right_inverse` is then refused."""
+        if self.wy_v is None:
+            raise LRCError("keep_wy_form_only: this map applies Q with ormqr (no compact-WY form)")
+        self.basis = self.reflectors = self.tau = None
 
     def _complement(self, c: torch.Tensor) -> torch.Tensor:
         """``U_perp · C`` = ``Q · [0; C]`` (ormqr)."""
-        h = self.basis.shape[1]
+        h = self.h
         padded = torch.cat([c.new_zeros(h, c.shape[1]), c], dim=0)
         return torch.ormqr(self.reflectors, self.tau, padded)
 
@@ -154,7 +201,7 @@ class SpectralCoordinates(nn.Module):
         return x - self.wy_v @ (t @ (self.wy_v.T @ x))
 
     def forward(self, coords: torch.Tensor) -> torch.Tensor:
-        h = self.basis.shape[1]
+        h = self.h
         a, c = coords[:h], coords[h:]
         if self.rotation is not None:
             c = self.rotation @ c
@@ -166,6 +213,8 @@ class SpectralCoordinates(nn.Module):
 
     @torch.no_grad()
     def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
+        if self.basis is None:
+            raise LRCError("right_inverse: this coordinate map kept its compact-WY form only (keep_wy_form_only)")
         w = weight.T if self.transpose else weight
         a = self.basis.T @ w
         c = torch.zeros(w.shape[0] - a.shape[0], w.shape[1], dtype=w.dtype, device=w.device)
@@ -179,7 +228,7 @@ class SpectralCoordinates(nn.Module):
         (``basisᵀ·g`` and, through ``ormqr``'s backward, ``Oᵀ·(Qᵀ·g)[H:]``), in one pass.
         """
         g = tensor.T if self.transpose else tensor
-        h = self.basis.shape[1]
+        h = self.h
         if self.wy_v is None:
             a = self.basis.T @ g
             c = torch.ormqr(self.reflectors, self.tau, g, left=True, transpose=True)[h:]
@@ -294,6 +343,8 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_imp
             if in_optimizer:
                 with torch.no_grad():  # exactly the parametrised arm's step-0 weight
                     w = module(module.right_inverse(w0)).contiguous()
+                if module.wy_v is not None:
+                    module.keep_wy_form_only()  # U_r and the reflectors are not read again
                 proj.weight = nn.Parameter(w, requires_grad=True)
                 setattr(proj, COORDINATES_ATTR, module)  # a submodule: moves with .to(), never saved
                 continue

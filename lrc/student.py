@@ -5,8 +5,10 @@ config with ``hidden_size = r``, ``head_dim`` written explicitly (= the teacher'
 ``rms_norm_eps`` = the eps it is trained with (default: the teacher's, so the deployed
 eps is the trained one). Every weight except the norms is a parametrisation
 (:mod:`lrc.reach`, ``unsafe=True``) whose stored tensor is the LRC factor of METHOD.md §1;
-the teacher weight is a non-persistent buffer of the parametrisation module (it shares the
-teacher's storage when dtypes agree, fp32 factors otherwise get an fp32 copy).
+the parametrisation reads the teacher weight from the teacher module itself
+(:class:`lrc.reach.TeacherTensor`): no copy, in the teacher's dtype and on its device, so
+the teacher must be where the student is (a bf16 teacher under bf16 autocast: each teacher
+weight held once, nothing cast per forward).
 
 * Tied teachers: the head gets its own Parameter before registering, then both
   parametrisations share one factor ``P_emb`` (DESIGN.md "Known traps").
@@ -191,8 +193,9 @@ def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: 
 
     ``calibration``: token ids ``[N, L]`` the ``activations`` init runs the teacher on.
 
-    Freezes ``teacher``: its weights are the student's frozen buffers (shared storage), and
-    this is where an LRC run's teacher is frozen, once (:mod:`lrc.hf`)."""
+    Freezes ``teacher``: the student's parametrisations read its weights (the teacher's own
+    tensors, :class:`lrc.reach.TeacherTensor`), and this is where an LRC run's teacher is
+    frozen, once (:mod:`lrc.hf`)."""
     check_teacher(teacher)
     check_choice("init", init, INITS)
     freeze_teacher(teacher)
@@ -208,21 +211,21 @@ def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: 
         attn_gain, mlp_gain = t_layer.input_layernorm.weight, t_layer.post_attention_layernorm.weight
         for name in ("q_proj", "k_proj", "v_proj"):
             s_proj, t_proj = getattr(s_attn, name), getattr(t_attn, name)
-            _register(s_proj, make.input_side(attn_gain), TeacherTimesFactor(_frozen(t_proj.weight)))
+            _register(s_proj, make.input_side(attn_gain), TeacherTimesFactor(t_proj))
             if t_proj.bias is not None:
                 s_proj.bias = nn.Parameter(_frozen(t_proj.bias).clone(), requires_grad=False)
-        _register(s_attn.o_proj, make.output_side(), FactorTimesTeacher(_frozen(t_attn.o_proj.weight)))
+        _register(s_attn.o_proj, make.output_side(), FactorTimesTeacher(t_attn.o_proj))
         s_mlp, t_mlp = s_layer.mlp, t_layer.mlp
-        _register(s_mlp.gate_proj, make.input_side(mlp_gain).T, TeacherTimesFactorT(_frozen(t_mlp.gate_proj.weight)))
-        _register(s_mlp.up_proj, make.input_side(mlp_gain).T, TeacherTimesFactorT(_frozen(t_mlp.up_proj.weight)))
-        _register(s_mlp.down_proj, make.output_side(), FactorTimesTeacher(_frozen(t_mlp.down_proj.weight)))
+        _register(s_mlp.gate_proj, make.input_side(mlp_gain).T, TeacherTimesFactorT(t_mlp.gate_proj))
+        _register(s_mlp.up_proj, make.input_side(mlp_gain).T, TeacherTimesFactorT(t_mlp.up_proj))
+        _register(s_mlp.down_proj, make.output_side(), FactorTimesTeacher(t_mlp.down_proj))
 
     emb_factor = make.output_side()
     tied = bool(getattr(cfg, "tie_word_embeddings", False))
     # Untie the Parameter objects first: registering rewrites the stored tensor in place.
     student.lm_head.weight = nn.Parameter(torch.empty(0))
-    _register(student.model.embed_tokens, emb_factor, TeacherTimesFactorT(_frozen(teacher.model.embed_tokens.weight)))
-    _register(student.lm_head, emb_factor.clone() if tied else make.input_side(teacher.model.norm.weight).T, TeacherTimesFactorT(_frozen(teacher.lm_head.weight)))
+    _register(student.model.embed_tokens, emb_factor, TeacherTimesFactorT(teacher.model.embed_tokens))
+    _register(student.lm_head, emb_factor.clone() if tied else make.input_side(teacher.model.norm.weight).T, TeacherTimesFactorT(teacher.lm_head))
     if tied:
         student.lm_head.parametrizations.weight.original = student.model.embed_tokens.parametrizations.weight.original
 
