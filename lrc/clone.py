@@ -39,6 +39,7 @@ activations), docs/method.md "Clone-term scale". The default ``none`` is the ref
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -157,6 +158,13 @@ def saved_as_is():
     return torch.autograd.graph.saved_tensors_hooks(_as_is, _as_is)
 
 
+def _kept_outside_checkpoint(layer):
+    """:func:`saved_as_is` while ``layer`` runs checkpointed (transformers' condition:
+    ``gradient_checkpointing`` set, training, gradients on), else nothing to change."""
+    on = getattr(layer, "gradient_checkpointing", False) and layer.training and torch.is_grad_enabled()
+    return saved_as_is() if on else contextlib.nullcontext()
+
+
 class _StudentTerms:
     """Hooks on the student that compute each clone term of a layer as soon as its student side
     exists, against the teacher's capture (popped from ``teacher_acts``, so freed once used).
@@ -173,6 +181,10 @@ class _StudentTerms:
         self.target_ms: dict = {}
         self.active = False
         self.handles = []
+        self.layers = None  # the student's decoder layers (is one checkpointed?)
+
+    def _kept(self, key):
+        return _kept_outside_checkpoint(self.layers[key[0]])
 
     def clear(self):
         for d in (self.teacher_acts, self.values, self.raw, self.target_ms):
@@ -188,7 +200,7 @@ class _StudentTerms:
     def output(self, module, key):
         def hook(_mod, _args, out):
             if self.active:
-                with saved_as_is():
+                with self._kept(key):
                     self._record(key, out, self.teacher_acts.pop(key))
 
         self.handles.append(module.register_forward_hook(hook))
@@ -199,7 +211,7 @@ class _StudentTerms:
 
         def hook(_mod, args):
             if self.active:
-                with saved_as_is():
+                with self._kept(key):
                     self._record(key, F.linear(args[0], w_o.to(args[0].dtype)), self.teacher_acts.pop(key))
 
         self.handles.append(o_proj.register_forward_pre_hook(hook))
@@ -214,12 +226,13 @@ class _StudentTerms:
                 t = self.teacher_acts.pop(key).to(p_down.dtype)
                 # F.linear saves its input when P_down trains; an inference tensor cannot be saved.
                 t = t.clone() if p_down.requires_grad and t.is_inference() else t
-                with saved_as_is():
+                with self._kept(key):
                     self._record(key, out, F.linear(t, p_down))
 
         self.handles.append(mlp.register_forward_hook(hook))
 
     def hook(self, model, layers, terms) -> None:
+        self.layers = model.model.layers
         for i in layers:
             attn, mlp = model.model.layers[i].self_attn, model.model.layers[i].mlp
             for t in ("q", "k", "v"):

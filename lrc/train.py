@@ -85,8 +85,7 @@ from lrc.steplog import StepLog
 
 SCHEDULES = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
-# Settings that change the trajectory: a checkpoint made with other values is not resumed
-# (activation_checkpointing does not change it: a run may resume with it switched).
+# Settings that change the trajectory (activation_checkpointing does not): a checkpoint made with other values is not resumed.
 _FINGERPRINT_FIELDS = ("tokens", "batch_size", "lr", "schedule", "warmup", "weight_decay", "betas", "eps", "grad_clip", "seed", "precision")
 
 
@@ -232,9 +231,7 @@ class Run:
 
 
 def _accelerator(args: TrainArgs) -> tuple[Accelerator, str]:
-    mixed = "no"
-    if args.precision == "bf16" or (args.precision == "auto" and torch.cuda.is_available()):
-        mixed = "bf16"
+    mixed = "bf16" if args.precision == "bf16" or (args.precision == "auto" and torch.cuda.is_available()) else "no"
     # broadcast_buffers=False: an LRC student's buffers are the frozen teacher weights (and
     # bases), identical on every rank; DDP would otherwise re-send them at every forward.
     # gradient_as_bucket_view: gradients are views into DDP's all-reduce buckets (no copy).
