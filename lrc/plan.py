@@ -76,8 +76,8 @@ class Setting:
     precision: str
     gpus: int
     sharding: str
-    activation_checkpointing: bool
-    loss_impl: str
+    activation_checkpointing: bool = False
+    loss_impl: str = "fused"
 
 
 def _experiment(args: PlanArgs) -> tuple[str, dict]:
