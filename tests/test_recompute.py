@@ -108,6 +108,17 @@ def test_checkpointed_loss_and_gradients_equal_the_plain_ones(arm, core_impl, re
     assert not recompute.is_enabled(student) and not student.is_activation_checkpointing
 
 
+def test_under_bf16_autocast_too():
+    """The recompute runs under the forward's autocast state, and the weights it reuses were built under it."""
+    teacher, student = _student("llama-tied", "core", "parametrized")
+    objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain, _, plain_grads, _ = _loss_and_grads(student, objective, False)
+        ckpt, _, ckpt_grads, counts = _loss_and_grads(student, objective, True)
+    assert torch.equal(ckpt, plain) and all(torch.equal(ckpt_grads[n], g) for n, g in plain_grads.items())
+    assert counts.bodies == 2 * len(student.model.layers)
+
+
 def test_checkpointing_keeps_less_alive_in_the_traced_step():
     """At the peak, the activations of a checkpointed step are those of the layers' inputs, the
     clone terms' one tensor each and the built weights: less than every layer's saved tensors."""
