@@ -23,8 +23,9 @@ them. (``parametrize.cached()`` around the forward alone does not reach the reco
 runs in backward; built inside the checkpoint, a cached weight's own saved tensors would be
 dropped and never recomputed.) Cost: every layer's built weights stay alive until the end of
 the micro-batch's backward, as the layers' ``F.linear`` kept them without checkpointing;
-gain: the rebuild products (``[out, H] x [H, r]`` per weight, about half a layer's forward
-products at micro-batch 3 and seq 2048) are not run again (docs/planner.md, measured).
+gain: the rebuild products (``[out, H] x [H, r]`` per weight; at Llama-3.2-3B widths half
+of what the slice layer's linears cost at micro-batch 3 and seq 2048) are not run again
+(docs/planner.md, "Keep or rebuild the weights", measured).
 
 The clone terms computed by the student's hooks (:mod:`lrc.clone`) are computed in the
 original forward only and save their one tensor outside the checkpoint; the recompute
