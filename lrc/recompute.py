@@ -53,14 +53,21 @@ class _WeightKeeper:
     def __init__(self, layers: list[nn.Module]):
         self.open = 0
         self.handles = [layer.register_forward_pre_hook(self._build) for layer in layers]
+        self.weights = {layer: [(m, name) for m in layer.modules() if parametrize.is_parametrized(m) for name in m.parametrizations]
+                        for layer in layers}
+        # parametrize's cache key of each layer weight (torch.nn.utils.parametrize: (id(module), name))
+        self.keys = {(id(m), name) for pairs in self.weights.values() for m, name in pairs}
 
     def _build(self, layer: nn.Module, _args) -> None:
         if not (self.open and layer.training and torch.is_grad_enabled()):
             return
-        for module in layer.modules():
-            if parametrize.is_parametrized(module):
-                for name in module.parametrizations:
-                    getattr(module, name)  # built now (cached), outside the checkpoint
+        # Only the layers' weights outlive their use: the embedding's (built before the first
+        # layer, not needed by its backward) is dropped, as it is without checkpointing.
+        # parametrize offers no public eviction; its cache is a dict keyed (id(module), name).
+        for key in [k for k in parametrize._cache if k not in self.keys]:
+            del parametrize._cache[key]
+        for module, name in self.weights[layer]:
+            getattr(module, name)  # built now (cached), outside the checkpoint
 
     def remove(self) -> None:
         for handle in self.handles:

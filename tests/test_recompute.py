@@ -122,12 +122,25 @@ def test_under_bf16_autocast_too():
 def test_checkpointing_keeps_less_alive_in_the_traced_step():
     """At the peak, the activations of a checkpointed step are those of the layers' inputs, the
     clone terms' one tensor each and the built weights: less than every layer's saved tensors."""
-    cfg = make_teacher("llama-tied").config
+    teacher = make_teacher("llama-tied", vocab_size=4000)  # an embedding weight larger than the layers' weights
+    cfg = teacher.config
     cfg.num_hidden_layers = 4
     spec = dict(teacher_config=cfg, student_hidden=16, arm="slice", micro_batch_size=2, seq_len=64, precision="fp32")
     plain, ckpt = trace_step(StepSpec(**spec)), trace_step(StepSpec(**spec, activation_checkpointing=True))
     assert ckpt["parts"]["activations"] < 0.8 * plain["parts"]["activations"], (plain, ckpt)
     assert ckpt["peak"] < plain["peak"]
+    # What keeping the built weights costs is at most the layers' weights (not the embedding's)
+    keep_weights = recompute.micro_batch
+    try:
+        recompute.micro_batch = lambda model: keep_weights(model, keep_weights=False)
+        rebuilt = trace_step(StepSpec(**spec, activation_checkpointing=True))
+    finally:
+        recompute.micro_batch = keep_weights
+    layer = build_student(teacher, 16).model.layers[0]
+    layer_weights = 4 * sum(getattr(m, n).numel() * 4 for m in layer.modules() if parametrize.is_parametrized(m) for n in m.parametrizations)
+    embedding = cfg.vocab_size * 16 * 4
+    assert embedding > layer_weights
+    assert 0 < ckpt["parts"]["activations"] - rebuilt["parts"]["activations"] <= layer_weights, (ckpt, rebuilt, layer_weights)
 
 
 def _train(out: Path, arm: str, checkpointed: bool, steps: int = 4, **kw) -> tuple[dict, dict]:
