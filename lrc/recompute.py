@@ -22,8 +22,9 @@ layer's parametrised weights *outside* the checkpoint, under ``parametrize.cache
 them. (``parametrize.cached()`` around the forward alone does not reach the recompute, which
 runs in backward; built inside the checkpoint, a cached weight's own saved tensors would be
 dropped and never recomputed.) Cost: every layer's built weights stay alive until the end of
-the micro-batch's backward, as the layers' ``F.linear`` kept them without checkpointing;
-gain: the rebuild products (``[out, H] x [H, r]`` per weight; at Llama-3.2-3B widths half
+the micro-batch's backward (without checkpointing the layers' ``F.linear`` keep them until
+the layer's backward; the embedding's is dropped at the first layer, as there; the head's
+stays to the end, past the loss that needs it); gain: the rebuild products (``[out, H] x [H, r]`` per weight; at Llama-3.2-3B widths half
 of what the slice layer's linears cost at micro-batch 3 and seq 2048) are not run again
 (docs/planner.md, "Keep or rebuild the weights", measured).
 

@@ -209,6 +209,20 @@ def test_the_options_reach_the_commands():
         RecipeArgs(loss_impl="chunked")
 
 
+def test_a_workflow_config_can_set_both():
+    from lrc import workflow_config as wc
+    from tests.test_workflow_config import default_config, rule_shells
+
+    config = default_config()
+    exp = config["experiments"]["tiny"]
+    exp["distill"]["train"]["activation_checkpointing"] = True
+    exp["loss"].setdefault("lrc", {})["loss_impl"] = "reference"
+    assert wc.config_problems(config, rule_shells(), workdir=REPO) == []
+    assert "--activation-checkpointing" in wc.cli_flags(exp["distill"]["train"]) and "--loss-impl reference" in wc.cli_flags(exp["loss"]["lrc"])
+    exp["loss"]["lrc"]["loss_impl"] = "chunked"
+    assert any("loss_impl" in p for p in wc.config_problems(config, rule_shells(), workdir=REPO))
+
+
 def run_training(out: Path) -> None:
     """The `clone` run of tests/test_multiprocess.py (core arm, `lrc` recipe), checkpointed."""
     from safetensors.torch import save_file
