@@ -75,6 +75,7 @@ class BenchArgs:
     micro_batches: int = field(default=1, metadata={"help": "micro-batches per optimiser step (gradient accumulation)"})
     core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={"help": "core/randcomp: basis change in the optimiser step or a parametrisation (lrc.reach.apply_arm)"})
     loss_impl: Literal["fused", "reference"] = field(default="fused", metadata={"help": "CE + KL: fused = chunked from hidden states (lrc.fused_loss), reference = on the [B, L, V] logits"})
+    activation_checkpointing: bool = field(default=False, metadata={"help": "checkpoint each decoder layer of every student, kd's too (lrc.recompute)"})
     seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
     steps: int = field(default=10, metadata={"help": "measured steps per run"})
     warmup_steps: int = field(default=3, metadata={"help": "steps run first and not measured"})
@@ -156,7 +157,7 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     torch.set_num_threads(args.threads)
     base_rss = _reset_peak_rss()
     teacher = load_bench_teacher(args.teacher, args.seed, args.allow_pickle)
-    recipe = RecipeArgs(recipe=args.recipe)
+    recipe = RecipeArgs(recipe=args.recipe, loss_impl=args.loss_impl)
     if arm == BASELINE:
         torch.manual_seed(args.seed)
         student = type(teacher)(student_config(teacher.config, args.student_hidden))
@@ -166,14 +167,14 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
         student = build_student(teacher, args.student_hidden, seed=args.seed)
         bases = load_bases(args.bases) if args.bases is not None and name in BASIS_ARMS else None
         apply_arm(student, teacher, name, bases=bases, seed=args.seed, core_impl=impl or args.core_impl)
-        objective = CloneObjective(teacher, student, recipe, loss_impl=args.loss_impl)
+        objective = CloneObjective(teacher, student, recipe)
     calls = _count_parametrisation_calls(student)
     total_steps = args.steps + args.warmup_steps
     per_step = args.batch_size * args.micro_batches
     data = RandomRows(per_step * total_steps, args.seq_len, teacher.config.vocab_size, args.seed)
     targs = TrainArgs(tokens=total_steps * per_step * args.seq_len, batch_size=per_step, micro_batch_size=args.batch_size,
                       lr=1e-4, warmup=0.0, log_every=1, threads=args.threads, precision=args.precision, seed=args.seed,
-                      progress=False, ckpt_dir=work / "ckpt")
+                      progress=False, ckpt_dir=work / "ckpt", activation_checkpointing=args.activation_checkpointing)
     summary = train(objective, student, data, targs, work / "out")
     on_gpu = torch.device(summary["device"]).type == "cuda"
     records = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
@@ -268,7 +269,7 @@ def describe(args: BenchArgs, device: str) -> dict:
     c = teacher.config
     return {"teacher_hidden": c.hidden_size, "d_ff": c.intermediate_size, "layers": c.num_hidden_layers, "vocab": c.vocab_size,
             "student_hidden": args.student_hidden, "batch_size": args.batch_size, "micro_batches": args.micro_batches,
-            "seq_len": args.seq_len, "core_impl": args.core_impl, "loss_impl": args.loss_impl,
+            "seq_len": args.seq_len, "core_impl": args.core_impl, "loss_impl": args.loss_impl, "activation_checkpointing": args.activation_checkpointing,
             "threads": args.threads, "device": device, "recipe": args.recipe}
 
 

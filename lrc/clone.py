@@ -16,9 +16,10 @@ residual streams, in lockstep. Per layer l (summed over layers, each an element 
 KL and CE are :mod:`lrc.losses`' (forward KL at temperature T, no T² factor,
 ``batchmean`` by default as the reference; fp32 next-token CE). The KL counts all L
 positions (``positions="all"``, the reference's), the CE the L-1 that have a target.
-``loss_impl="fused"`` (default) computes the same two from the final hidden states and head
-weights chunk by chunk (:mod:`lrc.fused_loss`; the teacher runs its body only), so no
-``[B, L, V]`` logits exist; ``"reference"`` is the dense path on the logits.
+``loss_impl="fused"`` (default; a recipe field, ``--loss-impl``) computes the same two from
+the final hidden states and head weights chunk by chunk (:mod:`lrc.fused_loss`; the teacher
+runs its body only), so no ``[B, L, V]`` logits exist; ``"reference"`` is the dense path on
+the logits.
 
 Streamed terms: the teacher runs first (under ``torch.inference_mode``) and its captures
 wait in a dict; each term of a layer is computed in a hook on the student as soon as the
@@ -26,6 +27,10 @@ student's side exists, and the teacher's capture is dropped then. A term saves o
 for backward, ``s - t`` in the compute dtype (its sum of squares is accumulated in fp32),
 not fp32 copies of both sides (``F.mse_loss(s.float(), t.float())``); the mlp_out target
 also keeps the teacher MLP output when P_down trains (`slice`).
+Under activation checkpointing (:mod:`lrc.recompute`) a term is computed in the layer's
+original forward only (the hooks are off when backward reruns the layer) and keeps that
+tensor outside the checkpoint (:func:`saved_as_is`): added once, and no teacher capture
+waits for the backward.
 
 ``clone_norm: teacher_ms`` divides each layer's MSE by its target's mean square (detached):
 on a real teacher the raw terms span orders of magnitude across terms and layers (massive
@@ -34,6 +39,7 @@ activations), docs/method.md "Clone-term scale". The default ``none`` is the ref
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -66,11 +72,15 @@ class RecipeArgs:
     clone_norm: Literal["none", "teacher_ms"] = field(default="none", metadata={
         "help": "none: each clone term is the plain MSE (the reference); teacher_ms: each layer's MSE divided by its target's mean square "
                 "(detached): a relative error per layer and term, whatever its activation scale (massive activations)"})
+    loss_impl: Literal["fused", "reference"] = field(default="fused", metadata={
+        "help": "CE + KL: fused = chunked from the final hidden states and head weights, no [B, L, V] logits (lrc.fused_loss); "
+                "reference = on the logits (lrc.losses); the same values to fp32 rounding"})
 
     def __post_init__(self):
         check_choice("recipe", self.recipe, RECIPES)
         check_choice("kl_reduction", self.kl_reduction, KL_REDUCTIONS)
         check_choice("clone_norm", self.clone_norm, CLONE_NORMS)
+        check_choice("loss_impl", self.loss_impl, LOSS_IMPLS)
         if not self.temperature > 0:
             raise LRCError(f"temperature must be positive, got {self.temperature!r}")
         if self.ce_weight is None:
@@ -134,6 +144,27 @@ class _SquaredErrorSum(torch.autograd.Function):
         return (g if ctx.needs_input_grad[0] else None), g_t
 
 
+def _as_is(t):
+    return t
+
+
+def saved_as_is():
+    """Tensors autograd saves in this context are kept as they are, whatever saved-tensor
+    hooks are active around it. Under activation checkpointing (:mod:`lrc.recompute`) the
+    checkpoint's hooks would drop what a clone term saves and rerun the layer to get it
+    back; the term is computed once, in the original forward (the hooks are off in the
+    recompute), so its one saved tensor is kept instead: the same memory as without
+    checkpointing, no teacher activation needed in backward, nothing added twice."""
+    return torch.autograd.graph.saved_tensors_hooks(_as_is, _as_is)
+
+
+def _kept_outside_checkpoint(layer):
+    """:func:`saved_as_is` while ``layer`` runs checkpointed (transformers' condition:
+    ``gradient_checkpointing`` set, training, gradients on), else nothing to change."""
+    on = getattr(layer, "gradient_checkpointing", False) and layer.training and torch.is_grad_enabled()
+    return saved_as_is() if on else contextlib.nullcontext()
+
+
 class _StudentTerms:
     """Hooks on the student that compute each clone term of a layer as soon as its student side
     exists, against the teacher's capture (popped from ``teacher_acts``, so freed once used).
@@ -150,6 +181,10 @@ class _StudentTerms:
         self.target_ms: dict = {}
         self.active = False
         self.handles = []
+        self.layers = None  # the student's decoder layers (is one checkpointed?)
+
+    def _kept(self, key):
+        return _kept_outside_checkpoint(self.layers[key[0]])
 
     def clear(self):
         for d in (self.teacher_acts, self.values, self.raw, self.target_ms):
@@ -165,7 +200,8 @@ class _StudentTerms:
     def output(self, module, key):
         def hook(_mod, _args, out):
             if self.active:
-                self._record(key, out, self.teacher_acts.pop(key))
+                with self._kept(key):
+                    self._record(key, out, self.teacher_acts.pop(key))
 
         self.handles.append(module.register_forward_hook(hook))
 
@@ -175,7 +211,8 @@ class _StudentTerms:
 
         def hook(_mod, args):
             if self.active:
-                self._record(key, F.linear(args[0], w_o.to(args[0].dtype)), self.teacher_acts.pop(key))
+                with self._kept(key):
+                    self._record(key, F.linear(args[0], w_o.to(args[0].dtype)), self.teacher_acts.pop(key))
 
         self.handles.append(o_proj.register_forward_pre_hook(hook))
 
@@ -189,11 +226,13 @@ class _StudentTerms:
                 t = self.teacher_acts.pop(key).to(p_down.dtype)
                 # F.linear saves its input when P_down trains; an inference tensor cannot be saved.
                 t = t.clone() if p_down.requires_grad and t.is_inference() else t
-                self._record(key, out, F.linear(t, p_down))
+                with self._kept(key):
+                    self._record(key, out, F.linear(t, p_down))
 
         self.handles.append(mlp.register_forward_hook(hook))
 
     def hook(self, model, layers, terms) -> None:
+        self.layers = model.model.layers
         for i in layers:
             attn, mlp = model.model.layers[i].self_attn, model.model.layers[i].mlp
             for t in ("q", "k", "v"):
@@ -216,9 +255,10 @@ class _StudentTerms:
 class CloneObjective:
     """``loss(batch, model=None) -> (total, terms)`` for a teacher/student pair and a recipe."""
 
-    def __init__(self, teacher, student, recipe: RecipeArgs, *, loss_impl: str = "fused"):
+    def __init__(self, teacher, student, recipe: RecipeArgs, *, loss_impl: str | None = None):
         if not isinstance(recipe, RecipeArgs):
             raise LRCError("CloneObjective needs a lrc.clone.RecipeArgs")
+        loss_impl = recipe.loss_impl if loss_impl is None else loss_impl  # the recipe's, unless given
         check_choice("loss_impl", loss_impl, LOSS_IMPLS)
         self.loss_impl = loss_impl  # CE + KL: "fused" (chunked, lrc.fused_loss) or "reference" (lrc.losses on logits)
         # The teacher arrives frozen: the student was built on it (lrc.hf, "Where the teacher is frozen").

@@ -45,6 +45,7 @@ from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 from transformers import AutoModelForCausalLM
 
+from lrc import recompute
 from lrc.clone import CloneObjective, RecipeArgs
 from lrc.names import MLP_KINDS
 from lrc.reach import BASIS_ARMS, apply_arm
@@ -68,6 +69,8 @@ class StepSpec:
     precision: str = "fp32"  # fp32 | bf16 (mixed precision: fp32 master weights, autocast)
     recipe: str = "lrc"
     core_impl: str = "optimizer"
+    loss_impl: str = "fused"
+    activation_checkpointing: bool = False  # each student decoder layer checkpointed (lrc.recompute), as the loop does
     steps: int = 2
 
 
@@ -207,7 +210,9 @@ def _build(spec: StepSpec):
     bases = _shape_bases(cfg) if spec.arm in BASIS_ARMS else None
     student = build_student(teacher, spec.student_hidden)
     apply_arm(student, teacher, spec.arm, bases=bases, core_impl=spec.core_impl)
-    objective = CloneObjective(teacher, student, RecipeArgs(recipe=spec.recipe))
+    objective = CloneObjective(teacher, student, RecipeArgs(recipe=spec.recipe, loss_impl=spec.loss_impl))
+    if spec.activation_checkpointing:
+        recompute.enable(student)  # what lrc.train.setup does; train_step opens recompute.micro_batch
     if spec.precision == "bf16":
         teacher.to(dtype=torch.bfloat16)  # lrc.train.place_teacher's cast on a GPU
     return teacher, student, objective
@@ -223,7 +228,7 @@ def _prepared(spec: StepSpec):
     whichever mode is active)."""
     teacher, student, objective = _build(spec)
     targs = TrainArgs(batch_size=spec.micro_batch_size, micro_batch_size=spec.micro_batch_size, precision=spec.precision,
-                      warmup=0.0, progress=False)
+                      warmup=0.0, progress=False, activation_checkpointing=spec.activation_checkpointing)
     student.train()
     optimizer, scheduler = optimizer_and_schedule(student, targs, spec.steps)
     run = Run(args=targs, accelerator=_TraceAccelerator(spec.precision), wrapped=student, bare=student, optimizer=optimizer,

@@ -29,6 +29,7 @@ import yaml
 
 from lrc.atomic import write_json_atomic
 from lrc.errors import LRCError
+from lrc.fused_loss import LOSS_IMPLS
 from lrc.memtrace import CATEGORIES, StepSpec, trace_step
 from lrc.names import ARMS, MAIN_ARMS
 from lrc.options import check_choice, parse_args
@@ -58,6 +59,8 @@ class PlanArgs:
     max_micro_batch: int = field(default=64, metadata={"help": "upper bound of the micro-batch search"})
     recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe"})
     core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={"help": "core/randcomp: where the basis change runs (as lrc distill)"})
+    activation_checkpointing: bool | None = field(default=None, metadata={"help": "trace with each student decoder layer checkpointed, as lrc distill --activation-checkpointing (default: the config's distill setting, else off)"})
+    loss_impl: Literal["fused", "reference"] | None = field(default=None, metadata={"help": "CE + KL as lrc distill --loss-impl (default: the config's, else fused)"})
     layers: int = field(default=0, metadata={"help": "trace a teacher with this many decoder layers (0: the config's)"})
     out: Path | None = field(default=None, metadata={"help": "also write the plan as JSON here"})
 
@@ -73,6 +76,8 @@ class Setting:
     precision: str
     gpus: int
     sharding: str
+    activation_checkpointing: bool = False
+    loss_impl: str = "fused"
 
 
 def _experiment(args: PlanArgs) -> tuple[str, dict]:
@@ -118,15 +123,17 @@ def _from_config(args: PlanArgs) -> dict:
         "precision": "bf16" if precision == "auto" else precision,
         "gpus": _dig(exp, "resources", "distill", "gpu"),
         "sharding": "fsdp" if "fsdp" in Path(accelerate).name else None,
+        "activation_checkpointing": train.get("activation_checkpointing"),
+        "loss_impl": train.get("loss_impl", _dig(exp, "loss", args.recipe, "loss_impl")),
     }
 
 
 def resolve(args: PlanArgs) -> Setting:
     """Options first, then the config, then defaults; a missing or bad value names its option."""
     known = _from_config(args)
-    defaults = {"precision": "bf16", "gpus": 1, "sharding": "ddp"}
+    defaults = {"precision": "bf16", "gpus": 1, "sharding": "ddp", "activation_checkpointing": False, "loss_impl": "fused"}
     values = {}
-    for name in ("teacher_config", "student_hidden", "micro_batch_size", "seq_len", "precision", "gpus", "sharding"):
+    for name in ("teacher_config", "student_hidden", "micro_batch_size", "seq_len", "precision", "gpus", "sharding", "activation_checkpointing", "loss_impl"):
         value = getattr(args, name)
         value = known.get(name) if value is None else value
         value = defaults.get(name) if value is None else value
@@ -138,6 +145,9 @@ def resolve(args: PlanArgs) -> Setting:
             raise LRCError(f"--{name.replace('_', '-')} must be a positive integer, got {values[name]!r}")
     check_choice("--precision", values["precision"], ("fp32", "bf16"))
     check_choice("--sharding", values["sharding"], ("ddp", "fsdp"))
+    check_choice("--loss-impl", values["loss_impl"], LOSS_IMPLS)
+    if not isinstance(values["activation_checkpointing"], bool):
+        raise LRCError(f"--activation-checkpointing is true or false, got {values['activation_checkpointing']!r}")
     values["teacher_config"] = Path(values["teacher_config"])
     if not values["teacher_config"].is_file():
         raise LRCError(f"--teacher-config {values['teacher_config']}: no such file")
@@ -182,7 +192,8 @@ class Planner:
     def at(self, micro_batch: int) -> dict:
         if micro_batch not in self._memo:
             spec = StepSpec(teacher_config=self.cfg, student_hidden=self.setting.student_hidden, arm=self.arm, micro_batch_size=micro_batch,
-                            seq_len=self.setting.seq_len, precision=self.setting.precision, recipe=self.args.recipe, core_impl=self.args.core_impl)
+                            seq_len=self.setting.seq_len, precision=self.setting.precision, recipe=self.args.recipe, core_impl=self.args.core_impl,
+                            loss_impl=self.setting.loss_impl, activation_checkpointing=self.setting.activation_checkpointing)
             self._memo[micro_batch] = per_gpu(trace_step(spec), self.setting)
         return self._memo[micro_batch]
 
@@ -245,7 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = plan(args)
     s = result["setting"]
     print(f"teacher {s['teacher_config']}, r {s['student_hidden']}, seq {s['seq_len']}, {s['precision']}, "
-          f"{s['gpus']} GPU(s) {s['sharding']}" + (f", {s['layers']} layers traced" if s["layers"] else ""))
+          f"{s['gpus']} GPU(s) {s['sharding']}" + (", activation checkpointing" if s["activation_checkpointing"] else "")
+          + (f", {s['layers']} layers traced" if s["layers"] else ""))
     print(format_table(result))
     if args.out is not None:
         write_json_atomic(args.out, json.loads(json.dumps(result)))

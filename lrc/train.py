@@ -76,7 +76,7 @@ from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from torch.utils.data import DataLoader, Dataset
 
 from lrc import checkpoint as ckpt
-from lrc import sharding
+from lrc import recompute, sharding
 from lrc.errors import LRCError
 from lrc.hf import trainable_parameters
 from lrc.optim import CoordinateAdamW, coordinate_maps
@@ -85,7 +85,7 @@ from lrc.steplog import StepLog
 
 SCHEDULES = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
-# Settings that change the trajectory: a checkpoint made with other values is not resumed.
+# Settings that change the trajectory (activation_checkpointing does not): a checkpoint made with other values is not resumed.
 _FINGERPRINT_FIELDS = ("tokens", "batch_size", "lr", "schedule", "warmup", "weight_decay", "betas", "eps", "grad_clip", "seed", "precision")
 
 
@@ -112,6 +112,7 @@ class TrainArgs:
     threads: int = field(default=0, metadata={"help": "torch CPU threads per process (0: leave torch's default)"})
     tensorboard: bool = field(default=False, metadata={"help": "also log to TensorBoard under <ckpt_dir>/tb (needs the tensorboard package)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+    activation_checkpointing: bool = field(default=False, metadata={"help": "checkpoint each decoder layer of the trained model: its activations are recomputed in backward (less memory, one more forward of the layers, the same trajectory; lrc.recompute)"})
 
     def __post_init__(self) -> None:
         for name in ("tokens", "checkpoint_every", "threads"):
@@ -230,9 +231,7 @@ class Run:
 
 
 def _accelerator(args: TrainArgs) -> tuple[Accelerator, str]:
-    mixed = "no"
-    if args.precision == "bf16" or (args.precision == "auto" and torch.cuda.is_available()):
-        mixed = "bf16"
+    mixed = "bf16" if args.precision == "bf16" or (args.precision == "auto" and torch.cuda.is_available()) else "no"
     # broadcast_buffers=False: an LRC student's buffers are the frozen teacher weights (and
     # bases), identical on every rank; DDP would otherwise re-send them at every forward.
     # gradient_as_bucket_view: gradients are views into DDP's all-reduce buckets (no copy).
@@ -299,6 +298,8 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     fsdp = accelerator.distributed_type.name == "FSDP"
     # FSDP2 and a tied student: one group for the shared factor, before the optimiser holds it.
     tied = accelerator.is_fsdp2 and sharding.before_prepare(model, accelerator)
+    if args.activation_checkpointing:
+        recompute.enable(model)  # before prepare: FSDP2's layer hooks then run outside the recompute too
     optimizer, scheduler = _optimizer(model, args, steps)
     place_teacher(objective, accelerator, mixed)
     model.train()
@@ -344,7 +345,7 @@ def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn
     for k in range(accum):
         batch = {key: v.to(run.device, non_blocking=True) for key, v in next(batches).items()}
         # DDP: only the last micro-batch of a step all-reduces the gradients.
-        with (acc.no_sync(run.wrapped) if k < accum - 1 else contextlib.nullcontext()):
+        with (acc.no_sync(run.wrapped) if k < accum - 1 else contextlib.nullcontext()), recompute.micro_batch(run.bare):
             with acc.autocast():
                 total, terms = objective.loss(batch, model=run.wrapped)
             acc.backward(total / accum)
@@ -396,8 +397,7 @@ def finish(run: Run, log: StepLog, start_step: int, resumed_from: str | None) ->
         "tokens_per_s": trained * run.tokens_per_step / wall if trained > 0 else None,
         "peak_memory_mib": peak_memory_mib(run.device), "mixed_precision": run.mixed, "device": str(run.device),
     }
-    share = getattr(getattr(run.optimizer, "optimizer", run.optimizer), "coordinate_share", None)
-    if share is not None:
+    if (share := getattr(getattr(run.optimizer, "optimizer", run.optimizer), "coordinate_share", None)) is not None:
         summary["optimizer_coordinates"] = share  # basis changes in the optimiser step, per process
     if run.steps == 0 and resumed_from is None:
         # Nothing trained: still leave a final state, so a rerun finds the job done.
@@ -421,8 +421,7 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     """
     ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir is not None else default_ckpt_dir(out_dir)
     run = setup(objective, model, dataset, args, ckpt_dir)
-    held = ckpt.lock_run(run.accelerator, ckpt_dir)
-    log = None
+    held, log = ckpt.lock_run(run.accelerator, ckpt_dir), None
     try:
         start_step, resumed_from, done = resume(run)
         extra = {"resumed_from": resumed_from, "metrics": str(ckpt_dir / ckpt.METRICS_FILE)}
@@ -442,6 +441,7 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
             log.close()
         if held is not None:
             held.release()
+        recompute.disable(model)  # the model leaves as it came
 
 
 def is_main_process() -> bool:

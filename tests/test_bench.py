@@ -60,3 +60,19 @@ def test_bench_micro_batches_and_the_core_basis_change_in_the_optimiser(tmp_path
     assert float(rows["optimizer"]["parametrisation_calls_per_step"]) == 2 * 10 and rows["optimizer"]["optimizer_coordinate_maps"] == "6"
     assert float(rows["parametrized"]["parametrisation_calls_per_step"]) == 2 * 16 and rows["parametrized"]["optimizer_coordinate_maps"] == "0"
     assert rows["optimizer"]["micro_batches"] == "2" and rows["optimizer"]["trainable_params"] == rows["parametrized"]["trainable_params"]
+
+
+def test_bench_with_activation_checkpointing_builds_each_weight_once_per_step(tmp_path):
+    from lrc.bench import main
+
+    cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True}
+    (tmp_path / "teacher.json").write_text(json.dumps(cfg))
+    out = tmp_path / "bench.csv"
+    assert main(["--teacher", str(tmp_path / "teacher.json"), "--student-hidden", "16", "--arms", "slice", "--activation-checkpointing",
+                 "--loss-impl", "reference", "--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2",
+                 "--seq-len", "16", "--out", str(out)]) == 0
+    rows = {r["arm"]: r for r in csv.DictReader(out.open())}
+    # the recompute in backward reuses the weights the forward built: still 16 per step, not 16 + 14
+    assert float(rows["slice"]["parametrisation_calls_per_step"]) == 16
+    assert rows["slice"]["activation_checkpointing"] == "True" and rows["slice"]["loss_impl"] == "reference"

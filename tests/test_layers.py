@@ -23,7 +23,7 @@ LAYERS = {
     "base": {"lrc", "lrc.errors", "lrc.names", "lrc.options", "lrc.atomic", "lrc.provenance", "lrc.stats"},
     "io": {"lrc.hf", "lrc.losses", "lrc.fused_loss", "lrc.optim", "lrc.tokens", "lrc.suites"},
     "method": {"lrc.spectral", "lrc.reach", "lrc.student", "lrc.clone", "lrc.objectives"},
-    "loop": {"lrc.checkpoint", "lrc.steplog", "lrc.sharding", "lrc.train"},
+    "loop": {"lrc.checkpoint", "lrc.steplog", "lrc.sharding", "lrc.recompute", "lrc.train"},
     "cli": {"lrc.cli"},
     "workflow": {"lrc.workflow_config"},
 }

@@ -42,9 +42,9 @@ def _measured(spec_values: dict, tmp_path: Path) -> int:
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak"]
 
 
-@pytest.mark.parametrize("arm", ["slice", "dense"])
-def test_traced_peak_matches_the_measured_peak_of_a_real_step(arm, small_config, tmp_path):
-    values = {"student_hidden": 128, "arm": arm, "micro_batch_size": 2, "seq_len": 512, "precision": "fp32"}
+@pytest.mark.parametrize("arm,checkpointed", [("slice", False), ("dense", False), ("slice", True)])
+def test_traced_peak_matches_the_measured_peak_of_a_real_step(arm, checkpointed, small_config, tmp_path):
+    values = {"student_hidden": 128, "arm": arm, "micro_batch_size": 2, "seq_len": 512, "precision": "fp32", "activation_checkpointing": checkpointed}
     predicted = trace_step(StepSpec(teacher_config=load_model_config(small_config), **values))
     measured = _measured(values | {"teacher_config": str(small_config)}, tmp_path)
     # The measure is the whole process's resident memory (allocator slack, autograd's
@@ -93,6 +93,8 @@ def test_a_paper_config_gives_its_distill_settings():
     assert (setting.student_hidden, setting.micro_batch_size, setting.seq_len, setting.precision, setting.gpus, setting.sharding) == (
         1536, exp["distill"]["train"]["micro_batch_size"], 2048, "bf16", 8, "ddp")
     assert setting.teacher_config == Path("config/teachers/llama3.2-3b.json")
+    assert (setting.activation_checkpointing, setting.loss_impl) == (exp["distill"]["train"].get("activation_checkpointing", False), "fused")
+    assert resolve(PlanArgs(workflow_config=path, activation_checkpointing=True)).activation_checkpointing is True
 
 
 def test_the_command_prints_a_table_and_writes_json(small_config, tmp_path, capsys):
