@@ -15,7 +15,7 @@ safety defaults and the error messages are the same everywhere:
   before anything is loaded, which costs one header read per file), a missing directory.
 * Where the teacher is frozen: :func:`freeze_teacher` is the one implementation, called
   where a model *becomes* a teacher: :func:`lrc.student.build_student` (the LRC student's
-  frozen buffers share the teacher's storage, so the teacher must never train once a
+  parametrisations read the teacher's own weight tensors, so the teacher must never train once a
   student is built on it) and :class:`lrc.objectives.KDObjective` (the plain-KD baseline,
   which has no LRC student). Not the loader: the same loader loads models that train
   (``lrc sft``), and the objectives and the loop receive a teacher already frozen. Each

@@ -13,7 +13,7 @@ DDP holds per GPU what one process holds (the gradients are DDP's buckets,
 ``gradient_as_bucket_view``). FSDP is *estimated* from the same trace, not traced: student
 weights, gradients and optimiser states divided by the number of GPUs, plus one gathered
 group (the largest of a decoder layer's or the embedding's trainable tensors, and its
-gradient); the frozen teacher and the student's frozen buffers stay replicated
+gradient); the teacher (whose weights the student reads, never copied) and core's basis buffers stay replicated
 (:mod:`lrc.sharding`). The numbers are allocated memory (what ``torch.cuda.max_memory_allocated``
 reports); the CUDA context and allocator fragmentation come on top (``--reserve-gib``).
 """

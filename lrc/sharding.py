@@ -12,8 +12,8 @@ accelerate 1.15 does not do for an LRC student, done here:
 - **Precision.** Parameters are gathered and gradients reduced in fp32 (an empty
   ``MixedPrecisionPolicy``), bf16 compute comes from autocast, as under DDP: the same
   numerics as DDP, at twice the all-gather bytes of accelerate's bf16 ``param_dtype``, which
-  would give the parametrisations bf16 factors next to fp32 frozen buffers (and CUDA's
-  ``ormqr`` has no bf16 kernel). Revisit with a GPU measurement if the gathers dominate.
+  would give the parametrisations bf16 factors to multiply with the teacher's weights outside
+  autocast (and CUDA's ``ormqr`` has no bf16 kernel). Revisit with a GPU measurement if the gathers dominate.
 - **Contiguous parameters.** ``fully_shard`` refuses a strided parameter (`confined` stores
   its down projection's C transposed); :func:`before_prepare` makes them contiguous.
 - **Tied factors.** A tied student shares one factor Parameter between ``embed_tokens`` and
@@ -26,9 +26,10 @@ accelerate 1.15 does not do for an LRC student, done here:
   (it would compute the parametrised weight of an already sharded factor).
 - **What FSDP2 shards.** Parameters only: the trainable factors and norm weights, and the
   frozen parameters (Qwen2's q/k/v biases), as ``DTensor`` shards (``Shard(0)``) across the
-  ranks. Buffers are not sharded: the frozen teacher weights an LRC parametrisation reads
-  (``frozen``, ``basis``, ``reflectors``, ``tau``, ``rotation``, ``lrc_down_factor``) are
-  plain tensors, a full replica on every rank. The objective's teacher is not given to
+  ranks. Not sharded: the teacher weights an LRC parametrisation reads are the objective's
+  teacher module's own tensors (:class:`lrc.reach.TeacherTensor`, neither buffers nor
+  parameters), and core's buffers (``basis``, ``reflectors``, ``tau``, ``rotation``,
+  ``lrc_down_factor``) are plain tensors, a full replica on every rank. The objective's teacher is not given to
   accelerate at all (:func:`lrc.train.place_teacher`): a full replica on every rank.
 - **The end of a run.** :func:`unshard` gathers every sharded parameter into a full plain
   tensor on every rank, removes FSDP's hooks and restores the module classes, so the
@@ -87,8 +88,8 @@ def before_prepare(model: nn.Module, accelerator) -> bool:
             if not p.is_contiguous():
                 p.data = p.data.contiguous()
     # fp32 parameters and gradient reductions; bf16 compute comes from autocast, as under DDP.
-    # (accelerate's bf16 param_dtype would hand the parametrisations bf16 factors next to
-    # their fp32 frozen buffers, and torch.ormqr has no bf16 kernel on CUDA.)
+    # (accelerate's bf16 param_dtype would hand the parametrisations bf16 factors, and
+    # torch.ormqr has no bf16 kernel on CUDA.)
     accelerator.state.fsdp_plugin.mixed_precision_policy = MixedPrecisionPolicy()
     return shard_shared_factors(model, accelerator)
 
