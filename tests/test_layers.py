@@ -25,7 +25,7 @@ LAYERS = {
     "method": {"lrc.spectral", "lrc.reach", "lrc.student", "lrc.clone", "lrc.objectives"},
     "loop": {"lrc.checkpoint", "lrc.steplog", "lrc.sharding", "lrc.train"},
     "cli": {"lrc.cli"},
-    "workflow": {"lrc.workflow_config"},
+    "workflow": {"lrc.workflow_config", "lrc.workflow_claims"},
 }
 ALLOWED = {
     "base": {"base"},
