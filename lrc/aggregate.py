@@ -6,7 +6,11 @@ distilled student, ``....sft.json`` for its fine-tuned version. A table has one 
 experiment, recipe, arm and token budget (seeds averaged, their spread given) and the
 teacher's row for reference. Scores are in percent; ``gain_over_slice`` is the row's
 aggregate minus that of plain LRC (arm ``slice``) with the same experiment, recipe and budget;
-``vs_teacher`` is the row's aggregate minus the teacher's. The held-out measures get gains
+``vs_teacher`` is the row's aggregate minus the teacher's. Uncertainty over seeds
+(:mod:`lrc.stats`, Student's t, 95 %): ``aggregate_ci_low``/``_high`` and the per-seed
+aggregates (``aggregate_per_seed``, in seed order); ``gain_ci_low``/``_high`` and
+``gain_p_value`` (two-sided paired t-test) for the gain over slice, paired by seed where the
+row and its slice hold the same seeds (blank otherwise, and blank for one seed). The held-out measures get gains
 over slice too, in nats per token, positive where the row is better than slice:
 ``perplexity_gain_over_slice`` = ln(slice perplexity / row perplexity) (the held-out NLL
 reduction) and ``kl_gain_over_slice`` = slice KL - row KL. So an evaluation without tasks
@@ -34,6 +38,7 @@ from lrc.atomic import atomic_file
 from lrc.errors import LRCError
 from lrc.names import ARMS, RECIPES, RUN_FORMAT, SFT_SUFFIX, parse_run_name
 from lrc.options import parse_args
+from lrc.stats import paired_differences, paired_t_pvalue, per_seed_text, t_interval
 
 ARM_ORDER = ("teacher", *ARMS)
 SETTINGS = ("lm_eval_version", "num_fewshot", "batch_size", "limit")
@@ -78,7 +83,7 @@ def describe_model(name: str) -> dict[str, Any]:
     a run name (lrc.names.RUN_FORMAT, maybe + SFT_SUFFIX), an arm name (maybe + SFT_SUFFIX), or
     any other name (a row of its own)."""
     if name == "teacher":
-        return {"recipe": "", "arm": "teacher", "seed": None, "tokens": None, "sft": False}
+        return {"recipe": "", "arm": "teacher", "seed": None, "tokens": None, "sft": False, "knockout": False}
     parsed = parse_run_name(name)
     if parsed is not None:
         return parsed
@@ -86,7 +91,7 @@ def describe_model(name: str) -> dict[str, Any]:
     if not name or name.startswith(".") or any(name.startswith(f"{recipe}-") for recipe in RECIPES):
         raise LRCError(f"evaluation file name {name!r}: expected 'teacher', '{RUN_FORMAT}[{SFT_SUFFIX}]' or a model name")
     sft = name.endswith(SFT_SUFFIX)
-    return {"recipe": "", "arm": name.removesuffix(SFT_SUFFIX) if sft else name, "seed": None, "tokens": None, "sft": sft}
+    return {"recipe": "", "arm": name.removesuffix(SFT_SUFFIX) if sft else name, "seed": None, "tokens": None, "sft": sft, "knockout": False}
 
 
 def load_evaluations(paths: Sequence[Path]) -> list[dict[str, Any]]:
@@ -131,7 +136,8 @@ def _one_or_all(values: list[Any]) -> Any:
 
 def results_table(records: list[dict[str, Any]], *, sft: bool) -> pd.DataFrame:
     """Rows: the teacher and each (experiment, recipe, arm, tokens), seeds averaged."""
-    chosen = [r for r in records if r["arm"] == "teacher" or r["sft"] == sft]
+    # Knocked-out students (`lrc claims knockout`) are no row of these tables.
+    chosen = [r for r in records if not r.get("knockout") and (r["arm"] == "teacher" or r["sft"] == sft)]
     if not any(r["arm"] != "teacher" for r in chosen):
         raise LRCError(f"no {'SFT' if sft else 'distilled'} student among the {len(records)} evaluation files")
     tasks = _task_columns(chosen)
@@ -160,6 +166,7 @@ def results_table(records: list[dict[str, Any]], *, sft: bool) -> pd.DataFrame:
             row[column] = _mean(values)
         row["aggregate"] = _mean(aggs)
         row["aggregate_sd"] = _sd(aggs)
+        row.update(_seed_columns(group, aggs))
         for extra in EXTRAS:
             row[extra] = _mean([_float(r["data"].get("extra", {}).get(extra)) for r in group])
         row["aggregate_name"] = _one_or_all([r["data"]["aggregate"].get("name") for r in group])
@@ -171,14 +178,17 @@ def results_table(records: list[dict[str, Any]], *, sft: bool) -> pd.DataFrame:
         rows.append(row)
 
     frame = pd.DataFrame(rows)
-    frame.insert(frame.columns.get_loc("aggregate_sd") + 1, "gain_over_slice", [_gain(frame, i) for i in frame.index])
-    frame.insert(frame.columns.get_loc("gain_over_slice") + 1, "vs_teacher", [_vs_teacher(frame, i) for i in frame.index])
+    frame.insert(frame.columns.get_loc("aggregate_per_seed") + 1, "gain_over_slice", [_gain(frame, i) for i in frame.index])
+    gain_cis = pd.DataFrame([_paired_gain(frame, i) for i in frame.index], columns=["gain_ci_low", "gain_ci_high", "gain_p_value"])
+    for offset, column in enumerate(gain_cis.columns, start=1):
+        frame.insert(frame.columns.get_loc("gain_over_slice") + offset, column, gain_cis[column].to_numpy())
+    frame.insert(frame.columns.get_loc("gain_p_value") + 1, "vs_teacher", [_vs_teacher(frame, i) for i in frame.index])
     at = frame.columns.get_loc("answer_logprob") + 1
     frame.insert(at, "perplexity_gain_over_slice", [_gain(frame, i, "perplexity", _nll_gain) for i in frame.index])
     frame.insert(at + 1, "kl_gain_over_slice", [_gain(frame, i, "kl_to_teacher", lambda row, base: base - row) for i in frame.index])
     frame["_arm"] = frame["arm"].map(lambda a: ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER))
     frame["_tokens"] = frame["tokens"].fillna(-1)
-    frame = frame.sort_values(["experiment", "_arm", "recipe", "_tokens"], kind="stable").drop(columns=["_arm", "_tokens"])
+    frame = frame.sort_values(["experiment", "_arm", "recipe", "_tokens"], kind="stable").drop(columns=["_arm", "_tokens", "_per_seed"])
     frame["tokens"] = frame["tokens"].astype("Int64")
     return frame.reset_index(drop=True)
 
@@ -200,11 +210,41 @@ def _gain(frame: pd.DataFrame, i: int, column: str = "aggregate", gain=lambda ro
     row = frame.loc[i]
     if row["arm"] == "teacher":
         return float("nan")
+    base = _slice_of(frame, row)
+    if base is None or pd.isna(row[column]) or pd.isna(base[column]):
+        return float("nan")
+    return float(gain(float(row[column]), float(base[column])))
+
+
+def _slice_of(frame: pd.DataFrame, row: pd.Series) -> pd.Series | None:
+    """The slice row of the same experiment, recipe and budget, or None."""
     same_tokens = frame["tokens"].isna() if pd.isna(row["tokens"]) else frame["tokens"] == row["tokens"]
     base = frame[(frame["experiment"] == row["experiment"]) & (frame["recipe"] == row["recipe"]) & same_tokens & (frame["arm"] == "slice")]
-    if not len(base) or pd.isna(row[column]) or pd.isna(base[column].iloc[0]):
-        return float("nan")
-    return float(gain(float(row[column]), float(base[column].iloc[0])))
+    return base.iloc[0] if len(base) else None
+
+
+def _seed_columns(group: list[dict[str, Any]], aggs: list[float]) -> dict[str, Any]:
+    """The aggregate's t interval over seeds, its per-seed values, and (hidden) seed -> value."""
+    interval = t_interval(aggs)
+    # A hand-named file has no seed: its position stands in (it has no partner to pair with).
+    per_seed = {r["seed"] if r["seed"] is not None else -1 - k: a for k, (r, a) in enumerate(zip(group, aggs))}
+    return {"aggregate_ci_low": interval.low, "aggregate_ci_high": interval.high,
+            "aggregate_per_seed": per_seed_text(per_seed), "_per_seed": per_seed}
+
+
+def _paired_gain(frame: pd.DataFrame, i: int) -> tuple[float, float, float]:
+    """(ci_low, ci_high, p) of the row's aggregate minus its slice's, paired by seed; NaN when
+    the seeds differ (no pairing) or one seed is all there is."""
+    nan = (float("nan"),) * 3
+    row = frame.loc[i]
+    if row["arm"] in ("teacher", "slice"):
+        return nan
+    base, mine = _slice_of(frame, row), row["_per_seed"]
+    if base is None or set(mine) != set(base["_per_seed"]) or min(mine) < 0:
+        return nan
+    diffs = paired_differences(mine, base["_per_seed"])
+    interval = t_interval(diffs.values())
+    return interval.low, interval.high, paired_t_pvalue(diffs.values())
 
 
 def _vs_teacher(frame: pd.DataFrame, i: int) -> float:

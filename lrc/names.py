@@ -19,9 +19,11 @@ MLP_KINDS = ("gate", "up", "down")
 
 RUN_FORMAT = "{recipe}-{arm}-s{seed}-t{tokens}"
 SFT_SUFFIX = ".sft"
+# A student with its MLP energy outside the teacher's spaces removed (`lrc audit --knockout`).
+KNOCKOUT_SUFFIX = ".knockout"
 _RUN_PATTERN = re.compile(
-    r"^(?P<recipe>{})-(?P<arm>{})-s(?P<seed>\d+)-t(?P<tokens>\d+)(?P<sft>\.sft)?$".format(
-        "|".join(RECIPES), "|".join(ARMS)
+    r"^(?P<recipe>{})-(?P<arm>{})-s(?P<seed>\d+)-t(?P<tokens>\d+)(?P<suffix>{}|{})?$".format(
+        "|".join(RECIPES), "|".join(ARMS), re.escape(SFT_SUFFIX), re.escape(KNOCKOUT_SUFFIX)
     )
 )
 
@@ -32,8 +34,11 @@ def run_name(recipe: str, arm: str, seed: int | str, tokens: int | str) -> str:
 
 
 def parse_run_name(name: str) -> dict | None:
-    """``run_name``'s inverse (plus an optional ``.sft``), or None for another name."""
+    """``run_name``'s inverse (plus at most one of ``.sft`` / ``.knockout``), or None for another name."""
     m = _RUN_PATTERN.match(name)
     if m is None:
         return None
-    return {"recipe": m["recipe"], "arm": m["arm"], "seed": int(m["seed"]), "tokens": int(m["tokens"]), "sft": m["sft"] is not None}
+    return {
+        "recipe": m["recipe"], "arm": m["arm"], "seed": int(m["seed"]), "tokens": int(m["tokens"]),
+        "sft": m["suffix"] == SFT_SUFFIX, "knockout": m["suffix"] == KNOCKOUT_SUFFIX,
+    }

@@ -150,7 +150,8 @@ def test_heldout_gains_over_slice_beside_the_task_aggregate(evals, tmp_path):
            "aggregate_name", "lm_eval_version", "num_fewshot", "batch_size", "limit"]
     columns = list(pd.read_csv(out).columns)
     assert [c for c in columns if c in old] == old
-    assert set(columns) - set(old) == {"perplexity_gain_over_slice", "kl_gain_over_slice", "suite"}
+    assert set(columns) - set(old) == {"perplexity_gain_over_slice", "kl_gain_over_slice", "suite", "aggregate_ci_low",
+                                       "aggregate_ci_high", "aggregate_per_seed", "gain_ci_low", "gain_ci_high", "gain_p_value"}
 
 
 def test_heldout_only_evaluations_under_hand_given_names(tmp_path):
@@ -176,3 +177,31 @@ def test_heldout_only_evaluations_under_hand_given_names(tmp_path):
     typo = write_eval(root, "smol", "lrc-dense-s0", {}, None)
     with pytest.raises(LRCError, match="lrc-dense-s0"):
         aggregate.load_evaluations([typo])
+
+
+def test_table1_rows_carry_t_intervals_per_seed_values_and_a_paired_gain(tmp_path):
+    """Three seeds; slice 40/50/60, dense 43/52/64: paired gains 3, 2, 4 (hand-computed)."""
+    root = tmp_path / "results"
+    files = [write_eval(root, "tiny", "teacher", {"a": 0.9}, 0.9)]
+    for seed, (s, d) in enumerate(((0.40, 0.43), (0.50, 0.52), (0.60, 0.64))):
+        files.append(write_eval(root, "tiny", f"lrc-slice-s{seed}-t1000", {"a": s}, s))
+        files.append(write_eval(root, "tiny", f"lrc-dense-s{seed}-t1000", {"a": d}, d))
+    files.append(write_eval(root, "tiny", "lrc-core-s0-t1000", {"a": 0.7}, 0.7))  # one seed: no pairing
+    files.append(write_eval(root, "tiny", "lrc-dense-s0-t1000.knockout", {"a": 0.3}, 0.3))  # not a table-1 row
+    out = tmp_path / "table1.csv"
+    assert aggregate.main(["--table", "table1", "--inputs", *map(str, files), "--out", str(out)]) == 0
+    t = pd.read_csv(out).set_index("arm")
+    half = 4.302653 * 10.0 / math.sqrt(3)  # slice: mean 50, sd 10, t_{0.975,2} = 4.3027
+    assert t.loc["slice", "aggregate_ci_low"] == pytest.approx(50 - half, abs=1e-3)
+    assert t.loc["slice", "aggregate_ci_high"] == pytest.approx(50 + half, abs=1e-3)
+    assert t.loc["dense", "aggregate_per_seed"] == "43.0000 52.0000 64.0000"
+    assert t.loc["dense", "gain_over_slice"] == pytest.approx(3.0)
+    gain_half = 4.302653 * 1.0 / math.sqrt(3)  # gains 3, 2, 4: sd 1
+    assert t.loc["dense", "gain_ci_low"] == pytest.approx(3 - gain_half, abs=1e-3)
+    assert t.loc["dense", "gain_ci_high"] == pytest.approx(3 + gain_half, abs=1e-3)
+    # t = 3 / (1 / sqrt 3) = 5.196 on 2 df: p = 0.0351 (scipy.stats.ttest_rel gives the same)
+    assert t.loc["dense", "gain_p_value"] == pytest.approx(0.0351, abs=1e-4)
+    # One seed, or seeds that do not match the slice's: a gain without an interval.
+    assert t.loc["core", "gain_over_slice"] == pytest.approx(20.0)
+    assert math.isnan(t.loc["core", "gain_ci_low"]) and math.isnan(t.loc["core", "aggregate_ci_low"])
+    assert math.isnan(t.loc["slice", "gain_p_value"]) and t.loc["slice", "n_seeds"] == 3

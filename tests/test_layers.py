@@ -20,7 +20,7 @@ PACKAGE = ROOT / "lrc"
 
 # Layer -> modules. A module may import its own layer and the layers listed in ALLOWED.
 LAYERS = {
-    "base": {"lrc", "lrc.errors", "lrc.names", "lrc.options", "lrc.atomic", "lrc.provenance"},
+    "base": {"lrc", "lrc.errors", "lrc.names", "lrc.options", "lrc.atomic", "lrc.provenance", "lrc.stats"},
     "io": {"lrc.hf", "lrc.losses", "lrc.fused_loss", "lrc.optim", "lrc.tokens", "lrc.suites"},
     "method": {"lrc.spectral", "lrc.reach", "lrc.student", "lrc.clone", "lrc.objectives"},
     "loop": {"lrc.checkpoint", "lrc.steplog", "lrc.sharding", "lrc.train"},
