@@ -16,15 +16,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from lrc.names import ARMS, MAIN_ARMS, RECIPES, run_name
+from lrc.names import ARMS, KNOCKOUT_SUFFIX, MAIN_ARMS, RECIPES, SFT_SUFFIX, run_name
 
 # METHOD.md §3: the arms whose deployed MLP reaches everything (not only the teacher's slice).
 FULL_REACH_ARMS = ("dense", "core", "randcomp")
 # The claims in the order of METHOD.md §4 (each has the rule claim_<claim>).
 CLAIMS = ("table1", "controls", "cross_recipe", "saturation", "knockout", "sft", "coordinates")
-# The model suffixes of `lrc evaluate`'s outputs beside a run's own (lrc.names: SFT_SUFFIX and
-# KNOCKOUT_SUFFIX; spelled here too so this module does not depend on the order of merges).
-SFT, KNOCKOUT = ".sft", ".knockout"
 
 
 def has_claims(settings: dict) -> bool:
@@ -74,10 +71,10 @@ def claim_inputs(exp: str, settings: dict, claim: str) -> list[str]:
     if claim == "cross_recipe":
         return evals  # no teacher: FULL is the one arm besides slice among the inputs
     if claim == "knockout":
-        knocked = [f"{eval_dir}/{r}{KNOCKOUT}.json" for r in runs]
+        knocked = [f"{eval_dir}/{r}{KNOCKOUT_SUFFIX}.json" for r in runs]
         return [teacher, *evals, *knocked, *(f"results/{exp}/occupancy/{r}.csv" for r in runs)]
     if claim == "sft":
-        return [teacher, *evals, *(f"{eval_dir}/{r}{SFT}.json" for r in runs)]
+        return [teacher, *evals, *(f"{eval_dir}/{r}{SFT_SUFFIX}.json" for r in runs)]
     return [teacher, *evals]
 
 

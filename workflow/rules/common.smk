@@ -12,7 +12,7 @@ from snakemake.utils import validate
 from lrc import workflow_claims as claims
 from lrc import workflow_config as wc
 from lrc.errors import LRCError
-from lrc.names import ARMS, CONTROL_ARMS, MAIN_ARMS, RECIPES, RUN_FORMAT, SFT_SUFFIX
+from lrc.names import ARMS, CONTROL_ARMS, KNOCKOUT_SUFFIX, MAIN_ARMS, RECIPES, RUN_FORMAT, SFT_SUFFIX
 from lrc.workflow_claims import CLAIMS
 
 # ---------------------------------------------------------------- validation
@@ -189,7 +189,7 @@ def tokenize_source(wildcards):
 
 
 RUN_PATTERN = RUN_FORMAT.format(recipe=f"({'|'.join(RECIPES)})", arm=f"({'|'.join(ARMS)})", seed=r"\d+", tokens=r"\d+")
-EVAL_NAME = f"teacher|{RUN_PATTERN}({re.escape(SFT_SUFFIX)}|{re.escape(claims.KNOCKOUT)})?"
+EVAL_NAME = f"teacher|{RUN_PATTERN}({re.escape(SFT_SUFFIX)}|{re.escape(KNOCKOUT_SUFFIX)})?"
 
 
 def eval_inputs(wildcards):
@@ -198,8 +198,8 @@ def eval_inputs(wildcards):
         model = f"results/{exp}/teacher"
     elif name.endswith(SFT_SUFFIX):
         model = f"results/{exp}/sft/{name.removesuffix(SFT_SUFFIX)}"
-    elif name.endswith(claims.KNOCKOUT):
-        model = f"results/{exp}/knockout/{name.removesuffix(claims.KNOCKOUT)}"
+    elif name.endswith(KNOCKOUT_SUFFIX):
+        model = f"results/{exp}/knockout/{name.removesuffix(KNOCKOUT_SUFFIX)}"
     else:
         model = f"results/{exp}/merged/{name}"
     inputs = {
