@@ -100,7 +100,9 @@ def mlp_stranded_fraction(cfg: dict, r: int) -> float:
     return sum(row["stranded"] * row["deployed"] for row in rows) / sum(row["deployed"] for row in rows)
 
 
-def _mlp_bases(teacher, bases):
+def mlp_bases(teacher, bases):
+    """``get(layer, kind)``: the teacher's column-oriented basis U [d_ff, H] (float64), from
+    ``bases`` (:class:`lrc.spectral.TeacherBases`) or, when None, an SVD of the teacher per call."""
     def get(i, kind):
         if bases is not None:
             return bases.basis(i, kind).double()
@@ -109,14 +111,21 @@ def _mlp_bases(teacher, bases):
     return get
 
 
-def _column_oriented(student, i, kind):
-    w = getattr(student.model.layers[i].mlp, f"{kind}_proj").weight.detach().double().cpu()
+def deployed_column_oriented(model, i, kind) -> torch.Tensor:
+    """The deployed ``kind`` weight of layer ``i``, column-oriented ([d_ff, r]; down transposed),
+    detached, where it lives: the module's ``weight``, through any parametrisation (what
+    `lrc merge` materialises), so it reads a training student of any arm and a merged model alike."""
+    w = getattr(model.model.layers[i].mlp, f"{kind}_proj").weight.detach()
     return w.T if kind == "down" else w
+
+
+def _column_oriented(student, i, kind):
+    return deployed_column_oriented(student, i, kind).double().cpu()
 
 
 def occupancy(teacher, student, bases=None) -> list[dict]:
     """Per layer and MLP matrix: energy of the student weight outside the teacher's space."""
-    get = _mlp_bases(teacher, bases)
+    get = mlp_bases(teacher, bases)
     out = []
     for i in range(teacher.config.num_hidden_layers):
         for kind in MLP_KINDS:
@@ -130,7 +139,7 @@ def occupancy(teacher, student, bases=None) -> list[dict]:
 @torch.no_grad()
 def knockout(teacher, student, bases=None) -> None:
     """Project every MLP weight of ``student`` (a plain model) onto the teacher's space, in place."""
-    get = _mlp_bases(teacher, bases)
+    get = mlp_bases(teacher, bases)
     for i in range(teacher.config.num_hidden_layers):
         for kind in MLP_KINDS:
             proj = getattr(student.model.layers[i].mlp, f"{kind}_proj")

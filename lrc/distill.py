@@ -15,6 +15,8 @@ the random complement of ``randcomp`` and (without a warm start) the factor init
 ``optimizer`` (default; dense forward, AdamW in the arm's coordinates, :mod:`lrc.optim`) or
 ``parametrized`` (the reference). A restart with the other one does not resume the
 checkpoints (their trainable tensors differ).
+``--update-energy-every N`` writes ``update_energy.csv`` (:mod:`lrc.update_energy`): how much
+of each MLP weight's change lies inside the teacher's subspace; it does not change training.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from lrc.train import (
     train,
     train_args_from,
 )
+from lrc.update_energy import UpdateEnergyLog
 
 
 @dataclass(kw_only=True)
@@ -86,6 +89,9 @@ class DistillArgs(_DistillCommon):
     core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={
         "help": "core/randcomp: the basis change in the optimiser step, once per step (optimizer: ormqr; optimizer-wy: compact-WY "
                 "matrix products, for GPUs), or a parametrisation rebuilt in every forward (parametrized, the reference); same trajectory"})
+    update_energy_every: int = field(default=0, metadata={
+        "help": "every N optimiser steps and at the last, write update_energy.csv: per layer and MLP weight the energy of the "
+                "deployed weight's change since the start and its share inside the teacher's subspace (lrc.update_energy; 0: off)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -93,6 +99,8 @@ class DistillArgs(_DistillCommon):
         check_choice("--arm", self.arm, ARMS)
         if (self.warmstart is None) == (self.student_hidden is None):
             raise LRCError("give exactly one of --warmstart (continue a warm start) and --student-hidden (start from a fresh init)")
+        if self.update_energy_every < 0:
+            raise LRCError(f"--update-energy-every must be >= 0 (0: off), got {self.update_energy_every}")
 
 
 def _recipe(args: RecipeArgs) -> RecipeArgs:
@@ -123,16 +131,18 @@ def _new_student(args, teacher, bases, dataset):
                          norm_eps=args.norm_eps, calibration=calibration)
 
 
-def _train_and_save(command: str, args: _DistillCommon, teacher, student, dataset, **meta) -> None:
+def _train_and_save(command: str, args: _DistillCommon, teacher, student, dataset, hook=None, **meta) -> None:
     targs = train_args_from(args)
     objective = CloneObjective(teacher, student, _recipe(args))
-    summary = train(objective, student, dataset, targs, args.out)
+    summary = train(objective, student, dataset, targs, args.out, hook=hook)
     objective.close()
     if not is_main_process():
         return
     with atomic_dir(args.out) as tmp:
         save_lrc_state(student, tmp, command=command, recipe=args.recipe, tokens=summary["tokens"], teacher=str(args.teacher), **meta)
         copy_metrics(summary["metrics"], tmp)
+        if hook is not None:
+            hook.copy_into(Path(summary["metrics"]).parent, tmp, steps=summary["steps"])
         write_settings(tmp, command, args, training=summary)
     print(f"{command}: wrote {args.out}")
 
@@ -155,7 +165,9 @@ def main_distill(argv: Sequence[str] | None = None) -> int:
     else:
         student = _new_student(args, teacher, bases, dataset)
     apply_arm(student, teacher, args.arm, bases=bases, seed=args.seed, core_impl=args.core_impl)
-    _train_and_save("distill", args, teacher, student, dataset, arm=args.arm, warmstart=str(args.warmstart) if args.warmstart else None)
+    hook = UpdateEnergyLog(student, teacher, bases, args.update_energy_every) if args.update_energy_every else None  # W(0): now
+    _train_and_save("distill", args, teacher, student, dataset, hook=hook, arm=args.arm,
+                    warmstart=str(args.warmstart) if args.warmstart else None)
     return 0
 
 

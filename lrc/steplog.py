@@ -12,6 +12,11 @@ reads as setup, resume, step, log, finish. Why it looks as it does:
 - **Sinks on the main process only**: ``metrics.jsonl`` in the checkpoint directory
   (appended line by line, truncated to the resumed step first), TensorBoard (optional
   package, imported only when asked for) and the progress bar.
+- **A command's own sink** (``hook``, e.g. :class:`lrc.update_energy.UpdateEnergyLog`), on
+  every process: ``hook.begin(ckpt_dir, start_step=, steps=, tokens_per_step=)`` once,
+  ``hook.after_step(done_step)`` after every optimiser step, before that step's checkpoint
+  (so what it records of a step exists whenever the step's checkpoint does). It must not
+  change the model, the RNG or anything else the run reads.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ class StepLog:
     """
 
     def __init__(self, accelerator: Any, ckpt_dir: Path, *, steps: int, start_step: int, tokens_per_step: int,
-                 tensorboard: bool = False, progress: bool = True):
+                 tensorboard: bool = False, progress: bool = True, hook: Any = None):
         self.acc, self.tokens_per_step = accelerator, tokens_per_step
         self.main = accelerator.is_main_process
         self.path = Path(ckpt_dir) / METRICS_FILE
@@ -56,6 +61,9 @@ class StepLog:
         self.last: dict[str, float] = {}
         self.t_window = self.t_start = time.perf_counter()
         self.cpu_window = time.process_time()  # CPU seconds of this process: robust to a busy machine
+        self.hook = hook
+        if hook is not None:
+            hook.begin(ckpt_dir, start_step=start_step, steps=steps, tokens_per_step=tokens_per_step)
 
     def record(self, step: int, step_vec: torch.Tensor, names: list[str]) -> None:
         """Add a step to the window; remember (on the device) the first non-finite step and value."""
@@ -68,6 +76,8 @@ class StepLog:
         self.first_bad_what = torch.where(newly, bad, self.first_bad_what)
         self.window_sum = step_vec if self.window_sum is None else self.window_sum + step_vec
         self.window_steps += 1
+        if self.hook is not None:
+            self.hook.after_step(step + 1)
 
     def raise_if_bad(self) -> None:
         # The earliest bad step over all processes (-1 = none); every process raises alike.

@@ -410,14 +410,14 @@ def finish(run: Run, log: StepLog, start_step: int, resumed_from: str | None) ->
     return summary
 
 
-def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: TrainArgs, out_dir: str | Path) -> dict[str, Any]:
+def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: TrainArgs, out_dir: str | Path, hook: Any = None) -> dict[str, Any]:
     """Train ``model``'s trainable parameters on ``objective``; resume from the checkpoint directory.
 
     ``args.ckpt_dir`` (default ``<out_dir>.ckpt``) is the only directory written; nothing is
     written into ``out_dir``. Returns a summary (steps, tokens, final loss terms, throughput,
     peak memory, ``resumed_from``, ``already_done`` and ``metrics``, the path of the run's
     metrics.jsonl for the command to copy into its output). On return ``model`` holds the
-    final weights (on its original device class, possibly the GPU).
+    final weights (on its original device class, possibly the GPU). ``hook``: see :class:`lrc.steplog.StepLog`.
     """
     ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir is not None else default_ckpt_dir(out_dir)
     run = setup(objective, model, dataset, args, ckpt_dir)
@@ -431,7 +431,7 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
             summary = done["summary"] | extra | {"already_done": True}
         else:
             log = StepLog(run.accelerator, ckpt_dir, steps=run.steps, start_step=start_step, tokens_per_step=run.tokens_per_step,
-                          tensorboard=args.tensorboard, progress=args.progress)
+                          tensorboard=args.tensorboard, progress=args.progress, hook=hook)
             fit(run, objective, dataset, log, start_step)
             summary = finish(run, log, start_step, resumed_from) | extra | {"already_done": False}
         if run.accelerator.is_fsdp2:
