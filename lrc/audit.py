@@ -12,7 +12,8 @@ randcomp reach all d_ff·r, slice and confined H·r.
 With ``--student MERGED_DIR`` (and a teacher *directory*) it measures occupancy: the
 fraction of each MLP weight's energy (squared Frobenius norm) outside the teacher
 weight's column space (gate/up) or row space (down), ``‖W − U Uᵀ W‖² / ‖W‖²`` with U from
-the teacher's SVD (:mod:`lrc.spectral`). With ``--knockout OUT_DIR`` it also writes a
+the teacher's SVD (:mod:`lrc.spectral`), per layer on stderr and, with ``--occupancy-csv
+PATH``, as CSV (:data:`OCCUPANCY_COLUMNS`). With ``--knockout OUT_DIR`` it also writes a
 loadable copy of the student with exactly that part projected away.
 """
 
@@ -42,6 +43,7 @@ from lrc.reach import FULL_REACH_ARMS
 from lrc.spectral import column_basis, load_bases, mlp_teacher_matrix
 
 MLP_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
+OCCUPANCY_COLUMNS = ("layer", "weight", "energy", "outside", "occupancy")
 
 
 def read_teacher_config(path: str | Path) -> dict:
@@ -136,6 +138,14 @@ def occupancy(teacher, student, bases=None) -> list[dict]:
     return out
 
 
+def write_occupancy_csv(per_layer: list[dict], path: Path) -> None:
+    """The rows of :func:`occupancy` as CSV (atomic: a failed run leaves no partial file)."""
+    with atomic_file(path) as tmp, tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=OCCUPANCY_COLUMNS)
+        writer.writeheader()
+        writer.writerows({c: r[c] for c in OCCUPANCY_COLUMNS} for r in per_layer)
+
+
 @torch.no_grad()
 def knockout(teacher, student, bases=None) -> None:
     """Project every MLP weight of ``student`` (a plain model) onto the teacher's space, in place."""
@@ -174,6 +184,7 @@ class AuditArgs:
     student: Path | None = field(default=None, metadata={"help": "merged student checkpoint: measure MLP occupancy outside the teacher's spaces"})
     bases: Path | None = field(default=None, metadata={"help": "teacher bases directory (computed from the teacher if omitted)"})
     knockout: Path | None = field(default=None, metadata={"help": "write a copy of --student with the outside part removed here"})
+    occupancy_csv: Path | None = field(default=None, metadata={"help": "write --student's per-layer occupancy here (CSV: " + ",".join(OCCUPANCY_COLUMNS) + ")"})
     allow_pickle: bool = field(default=False, metadata={"help": "accept teacher/student weights stored as pickles (pytorch_model.bin; can run code when loaded)"})
 
 
@@ -181,8 +192,9 @@ def main(argv=None) -> int:
     args = parse_args(AuditArgs, argv, prog="lrc audit")
     cfg = read_teacher_config(args.teacher)
     rows = reachability_table(cfg, args.student_hidden)
-    if args.knockout is not None and args.student is None:
-        raise LRCError("--knockout needs --student")
+    for name in ("knockout", "occupancy_csv"):
+        if getattr(args, name) is not None and args.student is None:
+            raise LRCError(f"--{name.replace('_', '-')} needs --student")
     per_layer = None
     if args.student is not None:
         per_layer = _audit_student(args, cfg, rows)
@@ -215,6 +227,8 @@ def _audit_student(args, cfg, rows) -> list[dict]:
             row["occupancy"] = sum(r["outside"] for r in mine) / sum(r["energy"] for r in mine)
     for r in per_layer:
         print(f"layer {r['layer']:>3} {r['weight']:<9} occupancy {100 * r['occupancy']:.3f}%", file=sys.stderr)
+    if args.occupancy_csv is not None:
+        write_occupancy_csv(per_layer, args.occupancy_csv)
     if args.knockout is not None:
         knockout(teacher, student, bases)
         with atomic_dir(args.knockout) as tmp:

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recover": ("lrc.recover", "recover LRC factors from a merged LRC student (least squares)"),
     "aggregate": ("lrc.aggregate", "build the results tables from evaluation JSONs"),
     "figure": ("lrc.figures", "draw the token-efficiency figure"),
+    "claims": ("lrc.claims", "one claim of the paper in miniature (CIs over seeds, paired tests), or their summary"),
     "bench": ("lrc.bench", "median step time and peak memory per arm vs plain KD"),
     "plan": ("lrc.plan", "predicted peak memory per GPU of each arm (a traced step) and the largest micro-batch that fits"),
 }

@@ -3,6 +3,8 @@
 Drawn from a results table (``results/table1.csv``, see :mod:`lrc.aggregate`): one panel per
 experiment, one line per recipe and arm over the token budgets (log scale), the teacher as a
 dashed reference line, and seeds' spread as error bars when there are several.
+:func:`draw_saturation` draws the saturation claim's figure (`lrc claims saturation
+--figure`): slice and the full-reach arm with their 95 % t bands over seeds.
 """
 
 from __future__ import annotations
@@ -82,6 +84,36 @@ def draw(table: pd.DataFrame):
         ax.set_ylabel(f"{name} (%)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def draw_saturation(claim: pd.DataFrame):
+    """The saturation claim table's ``score`` rows: one curve per arm over the budgets (log
+    scale) with its 95 % t band over seeds (none for one seed), and the teacher's line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scores = claim[claim["measure"] == "score"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for arm, line in scores.groupby("arm", sort=False):
+        line = line.sort_values("tokens")
+        color, marker = ARM_STYLE.get(arm, (None, "x"))
+        n = int(line["n_seeds"].min())
+        ax.plot(line["tokens"], line["miniature"], color=color, marker=marker, label=f"{arm} (mean of {n} seed{'s' * (n > 1)})")
+        if line["ci_low"].notna().all():
+            ax.fill_between(line["tokens"], line["ci_low"], line["ci_high"], color=color, alpha=0.2, label=f"{arm}: 95 % t interval")
+    teacher = claim["teacher"].dropna() if "teacher" in claim else pd.Series(dtype=float)
+    if len(teacher):
+        ax.axhline(teacher.iloc[0], color="black", linestyle=":", label="teacher")
+    ax.set_xscale("log")
+    ax.set_xlabel("distillation tokens (log scale)")
+    ax.set_ylabel("aggregate score (%)")
+    ax.set_title(f"saturation: {', '.join(map(str, dict.fromkeys(scores['arm'])))} ({claim['experiment'].iloc[0]})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
     fig.tight_layout()
     return fig
 

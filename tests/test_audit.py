@@ -70,6 +70,8 @@ def test_bad_audit_input(tmp_path):
     with pytest.raises(LRCError, match="gpt2"):
         read_teacher_config(tmp_path)
     assert lrc_main(["audit", str(TEACHERS / "llama3.2-3b.json"), "--student-hidden", "16", "--knockout", str(tmp_path / "k")]) == 2
+    assert lrc_main(["audit", str(TEACHERS / "llama3.2-3b.json"), "--student-hidden", "16", "--occupancy-csv", str(tmp_path / "o.csv")]) == 2
+    assert not (tmp_path / "o.csv").exists()
 
 
 def test_occupancy_and_knockout(tmp_path, token_batch, capsys):
@@ -85,9 +87,18 @@ def test_occupancy_and_knockout(tmp_path, token_batch, capsys):
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
     occ = occupancy(teacher, merged)
     assert len(occ) == 2 * 3 and all(0.05 < r["occupancy"] < 1 for r in occ)
-    argv = ["audit", str(tmp_path / "teacher"), "--student-hidden", "16", "--student", str(tmp_path / "merged"), "--knockout", str(tmp_path / "ko")]
+    argv = ["audit", str(tmp_path / "teacher"), "--student-hidden", "16", "--student", str(tmp_path / "merged"), "--knockout", str(tmp_path / "ko"),
+            "--occupancy-csv", str(tmp_path / "occ" / "run.csv")]
     assert lrc_main(argv) == 0
     assert "student MLP energy outside the teacher's spaces" in capsys.readouterr().out
+    with (tmp_path / "occ" / "run.csv").open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames) == ("layer", "weight", "energy", "outside", "occupancy")
+        rows = list(reader)
+    assert [(int(r["layer"]), r["weight"]) for r in rows] == [(i, w) for i in (0, 1) for w in ("gate_proj", "up_proj", "down_proj")]
+    for row, want in zip(rows, occ):  # the rows occupancy() measures, at full precision
+        assert float(row["energy"]) == want["energy"] and float(row["outside"]) == want["outside"]
+        assert float(row["occupancy"]) == pytest.approx(float(row["outside"]) / float(row["energy"]), rel=1e-12)
     ko = AutoModelForCausalLM.from_pretrained(tmp_path / "ko", dtype=torch.float32)
     assert all(r["occupancy"] < 1e-10 for r in occupancy(teacher, ko))
     assert (tmp_path / "ko" / "settings.json").is_file()

@@ -144,3 +144,46 @@ def test_a_checkpoint_of_other_settings_is_refused(world, tmp_path):
         distill(world, tmp_path / "run", "dense", "--update-energy-every", "2")
     with pytest.raises(LRCError, match="--update-energy-every must be >= 0"):
         distill(world, tmp_path / "x", "dense", "--update-energy-every", "-1")
+
+
+@pytest.mark.slow
+def test_two_processes_write_the_one_process_rows_once(world, tmp_path):
+    """Under DDP (2 CPU processes, gloo) rank 0 writes; the rows match one process to float rounding."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1"}
+    args = ["distill", *common(world, tmp_path / "p2", "--warmstart", str(world / "ws"), "--arm", "core", "--tokens",
+                               str(STEPS * 4 * 16), "--seed", "1", "--update-energy-every", "3")]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(repo / "config/accelerate/cpu2.yaml"),
+              "--main_process_port", "29547", "-m", "lrc.cli", *args]
+    subprocess.run(launch, check=True, env=env, cwd=repo, timeout=300, capture_output=True)
+    one, two = read_rows(distill(world, tmp_path / "p1", "core", "--update-energy-every", "3")), read_rows(tmp_path / "p2")
+    assert json.loads((tmp_path / "p2" / "settings.json").read_text())["training"]["num_processes"] == 2
+    assert [(r["step"], r["layer"], r["weight"]) for r in one] == [(r["step"], r["layer"], r["weight"]) for r in two]
+    for a, b in zip(one, two):
+        for column in ("energy", "inside", "share_inside"):
+            assert float(a[column]) == pytest.approx(float(b[column]), rel=1e-3, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_sigkill_then_restart_gives_the_uninterrupted_file(world, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import ENV, kill_mid_run
+
+    steps = 200
+
+    def cmd(out: Path) -> list[str]:
+        return [sys.executable, "-m", "lrc.cli", "distill", *common(world, out, "--warmstart", str(world / "ws"), "--arm", "dense",
+                "--tokens", str(steps * 4 * 16), "--checkpoint-every", "20", "--update-energy-every", "7", "--seed", "2")]
+
+    subprocess.run(cmd(tmp_path / "straight"), env=ENV, check=True, capture_output=True, timeout=300)
+    kill_mid_run(cmd(tmp_path / "killed"), tmp_path / "killed.ckpt", after_step=40)
+    subprocess.run(cmd(tmp_path / "killed"), env=ENV, check=True, capture_output=True, timeout=300)
+    assert json.loads((tmp_path / "killed" / "settings.json").read_text())["training"]["resumed_from"] is not None
+    assert (tmp_path / "killed" / UPDATE_ENERGY_FILE).read_text() == (tmp_path / "straight" / UPDATE_ENERGY_FILE).read_text()
+    assert len(read_rows(tmp_path / "straight")) == len(logged_steps(7, steps, steps)) * 6
