@@ -13,7 +13,7 @@ import yaml
 
 from lrc import workflow_claims as claims
 from lrc import workflow_config as wc
-from tests.test_workflow import COPY_IGNORE, ROOT, _failure, job_counts, snakemake
+from tests.test_workflow import COPY_IGNORE, ROOT, _failure, job_counts, shell_commands, snakemake
 
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -80,10 +80,10 @@ def test_claims_dag_on_the_default_config_distills_exactly_the_claims_runs():
 
 def test_claim_rules_hand_lrc_claims_their_files():
     out = snakemake("-n", "--forceall", "results/claims/coordinates.csv", "results/claims/knockout.csv").stdout
-    (coords,) = [c for c in re.findall(r"^(lrc claims coordinates .*)$", out, flags=re.MULTILINE)]
+    (coords,) = [c for c in shell_commands(out) if c.startswith("lrc claims coordinates ")]
     files = coords.split("--inputs ", 1)[1].split(" --out", 1)[0].split()
     assert len(files) == 15 and all(re.fullmatch(r"results/tiny/distill/lrc-\w+-s\d-t\d+/update_energy\.csv", f) for f in files)
-    (knock,) = re.findall(r"^(lrc claims knockout .*)$", out, flags=re.MULTILINE)
+    (knock,) = [c for c in shell_commands(out) if c.startswith("lrc claims knockout ")]
     assert "results/tiny/eval/teacher.json" in knock and knock.count(".knockout.json") == 9 and knock.count("/occupancy/") == 9
 
 
@@ -105,9 +105,9 @@ def test_vary_warmstart_gives_each_seed_its_own_warm_start(tmp_path):
     assert outputs_of(out, "warmstart_seeded") == sorted(f"results/tiny/warmstart/{r}-s{s}" for r in ("lrc", "kl") for s in (0, 1, 2))
     assert "warmstart" not in job_counts(out)
     for seed in (0, 1, 2):
-        (cmd,) = [c for c in out.splitlines() if " warmstart " in c and f"--out results/tiny/warmstart/kl-s{seed} " in c]
+        (cmd,) = [c for c in shell_commands(out) if " warmstart " in c and f"--out results/tiny/warmstart/kl-s{seed} " in c]
         assert f"--seed {seed} " in cmd
-        (cmd,) = [c for c in out.splitlines() if " distill " in c and f"--out results/tiny/distill/kl-dense-s{seed}-t400000 " in c]
+        (cmd,) = [c for c in shell_commands(out) if " distill " in c and f"--out results/tiny/distill/kl-dense-s{seed}-t400000 " in c]
         assert f"--warmstart results/tiny/warmstart/kl-s{seed} " in cmd and f"--seed {seed} " in cmd
 
 
