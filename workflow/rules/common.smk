@@ -225,7 +225,7 @@ CLAIM_EXPS = [e for e in EXPS if claims.has_claims(settings(e))]
 
 
 def claim_inputs(claim):
-    """An input function of the rule claim_<claim>: its files in every experiment with a
+    """An input function of claim_<claim> (claims.smk), its files in every experiment with a
     claims section (refused, naming the section, when there is none)."""
 
     def inputs(wildcards=None):
