@@ -16,6 +16,7 @@ from typing import Sequence
 import pandas as pd
 
 from lrc.atomic import atomic_file
+from lrc.claims_rows import by_experiment
 from lrc.errors import LRCError
 from lrc.options import check_choice, parse_args
 
@@ -66,7 +67,8 @@ def build(claim: str, inputs: Sequence[Path]) -> pd.DataFrame:
         "saturation": claims_tables.saturation, "sft": claims_tables.sft,
         "knockout": claims_measures.knockout, "coordinates": claims_measures.coordinates,
     }
-    return builders[claim](inputs)
+    # One table per experiment (each claims section of the config), stacked.
+    return pd.concat([builders[claim](paths) for paths in by_experiment(inputs).values()], ignore_index=True)
 
 
 def _summary(args: ClaimsArgs) -> pd.DataFrame:

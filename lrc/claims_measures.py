@@ -19,10 +19,11 @@ from typing import Any, Sequence
 import pandas as pd
 
 from lrc.claims_rows import (
-    Paper, chance_level, load_records, measure_row, paired_row, paper, scores_by_seed, student_runs, teacher_record,
+    Paper, chance_level, experiment_of_input, load_records, measure_row, paired_row, paper, scores_by_seed, student_runs, teacher_record,
 )
 from lrc.errors import LRCError
 from lrc.names import ARMS, parse_run_name
+from lrc.stats import paired_t_pvalue
 
 # The knockout "collapses to chance" when the knocked-out student keeps at most this share of
 # its margin above chance (means over seeds).
@@ -57,6 +58,8 @@ def _share(frame: pd.DataFrame, part: str) -> float:
 
 def knockout(paths: Sequence[Path]) -> pd.DataFrame:
     paths = [Path(p) for p in paths]
+    if not any(p.suffix == ".json" for p in paths):
+        raise LRCError("knockout: no evaluation JSON among --inputs (the runs', their .knockout's and teacher.json)")
     records = load_records([p for p in paths if p.suffix == ".json"])
     occupancy = {}
     for path in (p for p in paths if p.suffix == ".csv"):
@@ -97,8 +100,8 @@ def _chance_row(after: dict[int, float], before: dict[int, float], chance: float
     mean_before = sum(before[s] for s in after if s in before) / max(1, sum(s in before for s in after))
     holds = None if math.isnan(chance) else bool(mean_after - chance <= CHANCE_MARGIN * (mean_before - chance))
     return measure_row(
-        "knockout", f"{common['arm']}: score after the knockout − chance", above, ref=ref, headline=True,
-        direction=(f"removal collapses to chance: the knocked-out student keeps at most {CHANCE_MARGIN:.0%} of its margin "
+        "knockout", f"{common['arm']}: score after the knockout − chance", above, ref=ref, headline=True, p_value=paired_t_pvalue(above.values()),
+        direction=(f"removal collapses to chance: the knocked-out student keeps at most {100 * CHANCE_MARGIN:.0f} % of its margin "
                    "above chance (means); an interval that excludes 0 says it is measurably above chance"),
         direction_holds=holds, score_before=mean_before, score_after=mean_after, chance=chance, **common,
     )
@@ -111,12 +114,12 @@ def coordinates(paths: Sequence[Path]) -> pd.DataFrame:
         frame = _read_csv(path, UPDATE_COLUMNS, "update-energy CSV")
         for step, at in frame.groupby("step"):
             per_run.append({**run, "step": int(step), "seen": float(at["tokens"].iloc[0]), "share": _share(at, "inside"),
-                            "exp": path.parent.parent.parent.name})
+                            "exp": experiment_of_input(path)})
     if not per_run:
         raise LRCError("coordinates: the update-energy CSVs hold no step")
     data = pd.DataFrame(per_run)
     rows, final = [], {}
-    note = "the paper has no number: the tiny world's measurement (share of update energy inside the teacher's subspace)"
+    note = "no paper number: the tiny world's measurement of where AdamW's updates go"
     for (recipe, arm, tokens), group in sorted(data.groupby(["recipe", "arm", "tokens"]), key=lambda g: (g[0][0], ARMS.index(g[0][1]), g[0][2])):
         seeds = sorted(group["seed"].unique())
         # the last step every seed logged (a run cut short does not hide behind the others)
@@ -133,11 +136,11 @@ def coordinates(paths: Sequence[Path]) -> pd.DataFrame:
                                 recipe=recipe, tokens=tokens, arm=arm, step=last, tokens_seen=float(at["seen"].mean()), final=True))
         if len(seeds) != len(final[(recipe, arm, tokens)]):
             raise LRCError(f"coordinates: {recipe}-{arm}-t{tokens}: not every seed logged step {last}")
-    rows += _arm_differences(final)
+    rows += _arm_differences(final, data["exp"].iloc[0])
     return pd.DataFrame(rows)
 
 
-def _arm_differences(final: dict[tuple, dict[int, float]]) -> list[dict[str, Any]]:
+def _arm_differences(final: dict[tuple, dict[int, float]], experiment: str) -> list[dict[str, Any]]:
     """dense − core (and any other pair present) of the final share, paired by seed."""
     rows = []
     for (recipe, a, tokens), va in final.items():
@@ -145,5 +148,6 @@ def _arm_differences(final: dict[tuple, dict[int, float]]) -> list[dict[str, Any
             if (recipe_b, tokens_b) == (recipe, tokens) and (a, b) in (("dense", "core"), ("dense", "randcomp"), ("core", "randcomp")):
                 rows.append(paired_row("coordinates", f"{a} − {b}: final share inside the teacher's subspace (points)", va, vb,
                                        a_name=f"{recipe}-{a}-t{tokens}", b_name=f"{recipe}-{b}-t{tokens}", recipe=recipe,
-                                       tokens=tokens, direction="the paper has no number for it", final=True))
+                                       tokens=tokens, direction="the paper has no number for it", experiment=experiment,
+                                       final=True))
     return rows

@@ -72,6 +72,23 @@ def paper(claim: str, key: str) -> Paper:
 # ----------------------------------------------------------------------------- evaluation scores
 
 
+def experiment_of_input(path: Path) -> str:
+    """The experiment of a claim's input: results/{exp}/eval/x.json, results/{exp}/occupancy/x.csv,
+    results/{exp}/distill/{run}/update_energy.csv (a claim CSV or another file: its folder)."""
+    path = Path(path)
+    if path.name == "update_energy.csv":
+        return path.parent.parent.parent.name
+    return path.parent.parent.name if path.parent.name in ("eval", "occupancy") else path.parent.name
+
+
+def by_experiment(paths: Sequence[Path]) -> dict[str, list[Path]]:
+    """The inputs grouped by experiment, in the order the experiments first appear."""
+    groups: dict[str, list[Path]] = {}
+    for path in paths:
+        groups.setdefault(experiment_of_input(Path(path)), []).append(Path(path))
+    return groups
+
+
 def load_records(paths: Sequence[Path]) -> list[dict[str, Any]]:
     """Evaluation JSONs (lrc.aggregate's reader), all of one experiment."""
     records = load_evaluations(paths)
@@ -135,7 +152,8 @@ def paired_row(claim: str, comparison: str, a: Mapping[int, float], b: Mapping[i
                b_name: str, ref: Paper = NO_PAPER, headline: bool = False, **extra: Any) -> dict[str, Any]:
     """A row for ``a - b`` paired by seed: mean difference, its interval, paired p-value."""
     diffs = paired_differences(a, b, a_name=a_name, b_name=b_name)
-    extra = {"model": a_name, "model_mean": _mean(a), "baseline": b_name, "baseline_mean": _mean(b), **extra}
+    extra = {"model": a_name, "model_mean": _mean(a), "model_per_seed": per_seed_text(a), "baseline": b_name,
+             "baseline_mean": _mean(b), "baseline_per_seed": per_seed_text(b), **extra}
     return _row(claim, comparison, diffs, paired_t_pvalue(diffs.values()), ref, headline, extra)
 
 

@@ -43,6 +43,8 @@ def read_claim_tables(paths: Sequence[Path]) -> pd.DataFrame:
     rows = pd.concat(frames, ignore_index=True)
     if not len(rows):
         raise LRCError("--inputs: no headline row in the claim tables given")
+    if "experiment" in rows and rows["experiment"].nunique() > 1:  # claims.csv has no experiment column
+        rows["comparison"] = rows["experiment"].astype(str) + ": " + rows["comparison"].astype(str)
     return rows
 
 
@@ -68,25 +70,31 @@ def markdown(rows: pd.DataFrame, *, seconds: float | None = None) -> str:
         f"seeds per comparison: {', '.join(map(str, seeds))}."
         + (f" Time taken: {seconds / 60:.1f} min ({seconds:.0f} s)." if seconds is not None else ""),
         "",
-        "| claim | comparison | paper | miniature [95 % CI] | seeds | p (paired) | direction holds | CI excludes 0 | rule |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| # | claim | comparison | paper | miniature [95 % CI] | seeds | p (t-test) | direction holds | CI excludes 0 | rule |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows.to_dict("records"):
+    for i, r in enumerate(rows.to_dict("records"), start=1):
         lines.append(
-            f"| {r['claim']} | {r['comparison']} | {_number(r['paper'])} | {_number(r['miniature'])} "
+            f"| {i} | {r['claim']} | {r['comparison']} | {_number(r['paper'])} | {_number(r['miniature'])} "
             f"{_interval(r)} | {_count(r['n_seeds'])} | {_p(r.get('p_value'))} | {_yes_no(r['direction_holds'])} "
             f"| {_yes_no(r['ci_excludes_zero'])} | `{r['rule']}` |"
         )
     lines += ["", "## How to read it", "",
               f"- Interval: {CI_METHOD} (blank for one seed). Scores are the suite's aggregate in percent; gains are "
-              "paired by seed (same seed = same data order) and the p-value is the two-sided paired t-test.",
-              "- What the seed varies, and what it does not (the teacher; the warm start unless "
-              "`claims.vary_warmstart` is set): see [docs/method.md](../docs/method.md) and the README.",
+              "paired by seed (same seed = same data order); p is the two-sided t-test of the per-seed differences "
+              "(paired by seed; against the teacher's or chance's fixed score where a row compares with one).",
+              "- The seed varies the data order and anything random in the arm; it does not vary the teacher, "
+              "nor the warm start unless `claims.vary_warmstart` is set: see "
+              "[docs/method.md §7, what a seed varies](../docs/method.md) and the README.",
               "- Paper numbers: docs/method.md §4; each claim table's `paper_setting` names the paper's setting.",
-              "", "What \"direction\" means on each row:", ""]
-    lines += [f"- {r['claim']}, {r['comparison']}: {r.get('direction', '')}. Paper: {r.get('paper_setting', '')}. "
-              f"Table: `{r['table']}`." for r in rows.to_dict("records")]
+              "", "What \"direction\" means on each row, the paper's setting, and the table:", ""]
+    lines += [_note(i, r) for i, r in enumerate(rows.to_dict("records"), start=1)]
     return "\n".join(lines) + "\n"
+
+
+def _note(i: int, row: dict[str, Any]) -> str:
+    setting = "" if _missing(row.get("paper")) else f" Paper: {row.get('paper_setting', '')}."
+    return f"{i}. {row.get('direction', '')}.{setting} Table: `{row['table']}`."
 
 
 def write_markdown(text: str, out: Path) -> None:

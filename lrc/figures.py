@@ -89,31 +89,35 @@ def draw(table: pd.DataFrame):
 
 
 def draw_saturation(claim: pd.DataFrame):
-    """The saturation claim table's ``score`` rows: one curve per arm over the budgets (log
-    scale) with its 95 % t band over seeds (none for one seed), and the teacher's line."""
+    """The saturation claim table's ``score`` rows, one panel per experiment: one curve per arm
+    over the budgets (log scale) with its 95 % t band over seeds (none for one seed), and the
+    teacher's line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    scores = claim[claim["measure"] == "score"]
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for arm, line in scores.groupby("arm", sort=False):
-        line = line.sort_values("tokens")
-        color, marker = ARM_STYLE.get(arm, (None, "x"))
-        n = int(line["n_seeds"].min())
-        ax.plot(line["tokens"], line["miniature"], color=color, marker=marker, label=f"{arm} (mean of {n} seed{'s' * (n > 1)})")
-        if line["ci_low"].notna().all():
-            ax.fill_between(line["tokens"], line["ci_low"], line["ci_high"], color=color, alpha=0.2, label=f"{arm}: 95 % t interval")
-    teacher = claim["teacher"].dropna() if "teacher" in claim else pd.Series(dtype=float)
-    if len(teacher):
-        ax.axhline(teacher.iloc[0], color="black", linestyle=":", label="teacher")
-    ax.set_xscale("log")
-    ax.set_xlabel("distillation tokens (log scale)")
-    ax.set_ylabel("aggregate score (%)")
-    ax.set_title(f"saturation: {', '.join(map(str, dict.fromkeys(scores['arm'])))} ({claim['experiment'].iloc[0]})")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+    experiments = list(dict.fromkeys(claim["experiment"]))
+    fig, axes = plt.subplots(1, len(experiments), figsize=(5.5 * len(experiments), 3.8), squeeze=False)
+    for ax, exp in zip(axes[0], experiments):
+        rows = claim[claim["experiment"] == exp]
+        scores = rows[rows["measure"] == "score"]
+        for arm, line in scores.groupby("arm", sort=False):
+            line = line.sort_values("tokens")
+            color, marker = ARM_STYLE.get(arm, (None, "x"))
+            n = int(line["n_seeds"].min())
+            ax.plot(line["tokens"], line["miniature"], color=color, marker=marker, label=f"{arm} (mean of {n} seed{'s' * (n > 1)})")
+            if line["ci_low"].notna().all():
+                ax.fill_between(line["tokens"], line["ci_low"], line["ci_high"], color=color, alpha=0.2, label=f"{arm}: 95 % t interval")
+        teacher = rows["teacher"].dropna() if "teacher" in rows else pd.Series(dtype=float)
+        if len(teacher):
+            ax.axhline(teacher.iloc[0], color="black", linestyle=":", label="teacher")
+        ax.set_xscale("log")
+        ax.set_xlabel("distillation tokens (log scale)")
+        ax.set_ylabel("aggregate score (%)")
+        ax.set_title(f"saturation ({exp})")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
     fig.tight_layout()
     return fig
 

@@ -105,9 +105,10 @@ def test_energy_is_the_change_of_the_deployed_weight(world, tmp_path):
         assert float(row["inside"]) == pytest.approx((u @ (u.T @ d)).pow(2).sum().item(), rel=1e-5)
 
 
-def test_logging_does_not_change_training(world, tmp_path):
-    off = distill(world, tmp_path / "off", "core")
-    on = distill(world, tmp_path / "on", "core", "--update-energy-every", "1")
+@pytest.mark.parametrize("arm, extra", [("core", ()), ("core", ("--core-impl", "parametrized")), ("confined", ())])
+def test_logging_does_not_change_training(world, tmp_path, arm, extra):
+    off = distill(world, tmp_path / "off", arm, *extra)
+    on = distill(world, tmp_path / "on", arm, "--update-energy-every", "1", *extra)
     assert not (off / UPDATE_ENERGY_FILE).exists() and len(read_rows(on)) == STEPS * 6
     a, b = load_file(str(off / "student.safetensors")), load_file(str(on / "student.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -135,6 +136,15 @@ def test_resume_keeps_exactly_the_uninterrupted_rows(world, tmp_path):
     shutil.rmtree(killed)
     distill(world, killed, "core", *every)
     assert (killed / UPDATE_ENERGY_FILE).read_text() == (straight / UPDATE_ENERGY_FILE).read_text()
+
+
+def test_a_zero_step_run_writes_the_header_only(world, tmp_path):
+    from lrc.distill import main_distill
+
+    out = tmp_path / "zero"
+    assert main_distill(common(world, out, "--warmstart", str(world / "ws"), "--arm", "dense", "--tokens", "0",
+                               "--update-energy-every", "5")) == 0
+    assert (out / UPDATE_ENERGY_FILE).read_text() == ",".join(COLUMNS) + "\n"
 
 
 def test_a_checkpoint_of_other_settings_is_refused(world, tmp_path):

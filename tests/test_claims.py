@@ -1,0 +1,269 @@
+"""`lrc claims CLAIM` through the real command line on small hand-made evaluation JSONs and CSVs.
+
+The scores are chosen so the answers can be worked out by hand: on seeds 0, 1, 2 slice scores
+40, 50, 60 and dense 43, 52, 64, so dense − slice is 3, 2, 4 (mean 3, sd 1, 95 % t interval
+3 ± 4.3027 / √3 = 3 ± 2.4841, paired t = 5.196 on 2 df, p = 0.0351).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from lrc import cli
+
+HALF = 4.302653 / math.sqrt(3)  # the 95 % t half-width of three values with sd 1
+SLICE, DENSE, CORE = (40, 50, 60), (43, 52, 64), (41, 50, 62)
+CONFINED, RANDCOMP = (40.5, 49.5, 60), (42, 51, 63)
+
+
+def write_eval(eval_dir, name, percent, chance=0.25):
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    value = percent / 100
+    data = {"model": name, "suite": "tiny", "tasks": {"x": {"metric": "acc", "value": value, "stderr": 0.01, "chance": chance}},
+            "aggregate": {"name": "Avg", "value": value}, "extra": {}, "lm_eval": {"version": "0.4.13"}, "settings": {}}
+    path = eval_dir / f"{name}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def runs(eval_dir, arm, scores, tokens=1000, recipe="lrc", suffix=""):
+    return [write_eval(eval_dir, f"{recipe}-{arm}-s{seed}-t{tokens}{suffix}", v) for seed, v in enumerate(scores)]
+
+
+@pytest.fixture
+def evals(tmp_path):
+    return tmp_path / "results" / "tiny" / "eval"
+
+
+def claims(*argv):
+    return cli.main(["claims", *map(str, argv)])
+
+
+def read(path):
+    return pd.read_csv(path, keep_default_na=True).set_index("comparison")
+
+
+def test_table1_pairs_each_full_arm_with_its_slice(evals, tmp_path):
+    files = [write_eval(evals, "teacher", 80)] + runs(evals, "slice", SLICE) + runs(evals, "dense", DENSE) + runs(evals, "core", CORE)
+    out = tmp_path / "claims" / "table1.csv"
+    assert claims("table1", "--inputs", *files, "--out", out) == 0
+    t = read(out)
+    assert list(t.index) == ["dense − slice", "core − slice"]
+    dense = t.loc["dense − slice"]
+    assert dense["miniature"] == pytest.approx(3.0)
+    assert dense["ci_low"] == pytest.approx(3 - HALF, abs=1e-4) and dense["ci_high"] == pytest.approx(3 + HALF, abs=1e-4)
+    assert dense["p_value"] == pytest.approx(0.0351, abs=1e-4)
+    assert dense["per_seed"] == "3.0000 2.0000 4.0000" and dense["seeds"] == "0 1 2" and dense["n_seeds"] == 3
+    assert dense["paper"] == 2.23 and "Llama-3.2-3B" in dense["paper_setting"] and dense["paper_source"] == "docs/method.md §4"
+    assert dense["model_mean"] == pytest.approx(53.0) and dense["baseline_mean"] == pytest.approx(50.0)
+    assert dense["model_per_seed"] == "43.0000 52.0000 64.0000" and dense["baseline_per_seed"] == "40.0000 50.0000 60.0000"
+    assert bool(dense["direction_holds"]) and bool(dense["ci_excludes_zero"]) and bool(dense["headline"])
+    core = t.loc["core − slice"]  # gains 1, 0, 2: t = 1.732, p = 0.2254; the interval holds 0
+    assert core["miniature"] == pytest.approx(1.0) and core["p_value"] == pytest.approx(0.2254, abs=1e-4)
+    assert not bool(core["ci_excludes_zero"]) and core["paper"] == 2.36
+    assert "Student's t" in core["ci_method"]
+
+
+def test_one_seed_keeps_working_with_a_blank_interval(evals, tmp_path):
+    files = runs(evals, "slice", SLICE[:1]) + runs(evals, "dense", DENSE[:1])
+    assert claims("table1", "--inputs", *files, "--out", tmp_path / "t.csv") == 0
+    row = read(tmp_path / "t.csv").loc["dense − slice"]
+    assert row["miniature"] == pytest.approx(3.0) and row["n_seeds"] == 1
+    assert math.isnan(row["ci_low"]) and math.isnan(row["p_value"]) and math.isnan(row["ci_excludes_zero"])
+
+
+def test_controls_every_arm_minus_slice_and_the_basis_controls(evals, tmp_path):
+    files = runs(evals, "slice", SLICE) + runs(evals, "dense", DENSE) + runs(evals, "core", CORE)
+    files += runs(evals, "confined", CONFINED) + runs(evals, "randcomp", RANDCOMP)
+    assert claims("controls", "--inputs", *files, "--out", tmp_path / "c.csv") == 0
+    t = read(tmp_path / "c.csv")
+    assert list(t.index) == ["dense − slice", "core − slice", "confined − slice", "randcomp − slice", "core − dense", "randcomp − core"]
+    confined = t.loc["confined − slice"]  # 0.5, -0.5, 0: no effect, like the paper's -0.02
+    assert confined["miniature"] == pytest.approx(0.0, abs=1e-9) and bool(confined["direction_holds"])
+    assert "holds 0" in confined["direction"] and confined["paper"] == -0.02
+    core_dense = t.loc["core − dense"]  # -2, -2, -2 against the paper's +0.13: the direction fails
+    assert core_dense["miniature"] == pytest.approx(-2.0) and not bool(core_dense["direction_holds"])
+    assert core_dense["p_value"] == 0.0  # no spread: t is infinite
+    randcomp_core = t.loc["randcomp − core"]  # +1, +1, +1 against the paper's -0.64
+    assert randcomp_core["miniature"] == pytest.approx(1.0) and not bool(randcomp_core["direction_holds"])
+    assert list(t.index[t["headline"]]) == ["confined − slice", "core − dense", "randcomp − core"]
+
+
+def test_cross_recipe_gains_and_their_difference(evals, tmp_path):
+    files = runs(evals, "slice", SLICE) + runs(evals, "dense", DENSE)
+    files += runs(evals, "slice", (30, 35, 40), recipe="kl") + runs(evals, "dense", (35, 41, 44), recipe="kl")
+    assert claims("cross_recipe", "--inputs", *files, "--out", tmp_path / "x.csv") == 0
+    t = read(tmp_path / "x.csv")
+    assert t.loc["lrc: dense − slice", "miniature"] == pytest.approx(3.0) and t.loc["lrc: dense − slice", "paper"] == 1.82
+    assert t.loc["kl: dense − slice", "per_seed"] == "5.0000 6.0000 4.0000"
+    diff = t.loc["(kl gain) − (lrc gain), dense − slice"]  # 5-3, 6-2, 4-4 = 2, 4, 0: mean 2, sd 2
+    assert diff["miniature"] == pytest.approx(2.0) and diff["paper"] == 1.04
+    assert diff["ci_high"] == pytest.approx(2 + 2 * HALF, abs=1e-4)
+
+
+def test_saturation_ladder_long_budget_gap_and_figure(evals, tmp_path):
+    files = [write_eval(evals, "teacher", 80)]
+    ladder = {100: (20, 22), 200: (30, 34), 400: (40, 46), 800: (45, 53)}
+    for tokens, (s, d) in ladder.items():
+        files += runs(evals, "slice", (s, s + 2), tokens=tokens) + runs(evals, "dense", (d, d + 4), tokens=tokens)
+    png, pdf = tmp_path / "sat.png", tmp_path / "sat.pdf"
+    assert claims("saturation", "--inputs", *files, "--out", tmp_path / "s.csv", "--figure", png, pdf) == 0
+    t = read(tmp_path / "s.csv")
+    assert len(t) == 3 * 4 + 1
+    assert t.loc["slice at 800 tokens", "miniature"] == pytest.approx(46.0)
+    assert t.loc["dense at 800 tokens", "per_seed"] == "53.0000 57.0000"
+    long_gap = t.loc["long-budget gap: dense − slice at the largest budget (800 tokens)"]  # 53-45, 57-47: 8, 10
+    assert long_gap["miniature"] == pytest.approx(9.0) and long_gap["paper"] == 2.54 and bool(long_gap["headline"])
+    assert long_gap["ci_high"] == pytest.approx(9 + 12.7062 * math.sqrt(2) / math.sqrt(2), abs=1e-3)  # t_{0.975,1} = 12.706
+    assert t.loc["dense − slice at 100 tokens", "miniature"] == pytest.approx(3.0)
+    assert (t["teacher"] == 80).all()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
+    # Three budgets are no ladder.
+    short = [f for f in files if "-t800" not in f]
+    assert claims("saturation", "--inputs", *short, "--out", tmp_path / "s3.csv") == 2
+
+
+def write_occupancy(tmp_path, run, rows):
+    path = tmp_path / "results" / "tiny" / "occupancy" / f"{run}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["layer,weight,energy,outside,occupancy"] + [f"{l},{w},{e},{o},{o / e}" for l, w, e, o in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_knockout_energy_outside_score_drop_and_chance(evals, tmp_path):
+    files = [write_eval(evals, "teacher", 80)] + runs(evals, "dense", DENSE) + runs(evals, "dense", (26, 25, 27), suffix=".knockout")
+    # Energy-weighted over layers and weights: 1.5 of 20, 3 of 40, 3 of 40 outside = 7.5 % each
+    # (seed 2's rows hold 15 % and 5 %: the plain mean of the rows' shares would say 10 %).
+    files += [write_occupancy(tmp_path, "lrc-dense-s0-t1000", [(0, "gate_proj", 10, 1), (0, "down_proj", 10, 0.5)]),
+              write_occupancy(tmp_path, "lrc-dense-s1-t1000", [(0, "gate_proj", 20, 3), (1, "up_proj", 20, 0)]),
+              write_occupancy(tmp_path, "lrc-dense-s2-t1000", [(0, "gate_proj", 10, 1.5), (1, "up_proj", 30, 1.5)])]
+    assert claims("knockout", "--inputs", *files, "--out", tmp_path / "k.csv") == 0
+    t = read(tmp_path / "k.csv")
+    outside = t.loc["dense: MLP energy outside the teacher's spaces (%)"]
+    assert outside["per_seed"] == "7.5000 7.5000 7.5000" and outside["paper"] == 7.4 and bool(outside["direction_holds"])
+    drop = t.loc["dense: score drop from the knockout (before − after)"]  # 43-26, 52-25, 64-27
+    assert drop["per_seed"] == "17.0000 27.0000 37.0000" and drop["miniature"] == pytest.approx(27.0)
+    chance = t.loc["dense: score after the knockout − chance"]  # chance 25 %: 1, 0, 2 above it
+    assert chance["chance"] == pytest.approx(25.0) and chance["miniature"] == pytest.approx(1.0)
+    assert chance["score_before"] == pytest.approx(53.0) and bool(chance["direction_holds"])  # 1 <= 0.25 * 28
+    assert chance["p_value"] == pytest.approx(0.2254, abs=1e-4)  # 1, 0, 2 against 0: t = 1.732 on 2 df
+    # A knocked-out seed without its occupancy CSV is named.
+    assert claims("knockout", "--inputs", *files[:-1], "--out", tmp_path / "k2.csv") == 2
+
+
+def test_knockout_that_keeps_the_score_does_not_collapse(evals, tmp_path):
+    files = runs(evals, "dense", DENSE) + runs(evals, "dense", (42, 50, 60), suffix=".knockout")
+    files += [write_occupancy(tmp_path, f"lrc-dense-s{s}-t1000", [(0, "gate_proj", 10, 1)]) for s in range(3)]
+    assert claims("knockout", "--inputs", *files, "--out", tmp_path / "k.csv") == 0
+    assert not bool(read(tmp_path / "k.csv").loc["dense: score after the knockout − chance", "direction_holds"])
+
+
+def test_sft_beside_the_teacher_and_the_sft_gain(evals, tmp_path):
+    files = [write_eval(evals, "teacher", 80)] + runs(evals, "dense", DENSE) + runs(evals, "dense", (81, 79, 83), suffix=".sft")
+    files += runs(evals, "slice", SLICE) + runs(evals, "slice", (70, 72, 74), suffix=".sft")
+    assert claims("sft", "--inputs", *files, "--out", tmp_path / "f.csv") == 0
+    t = read(tmp_path / "f.csv")
+    vs = t.loc["dense after SFT − teacher"]  # 1, -1, 3
+    assert vs["miniature"] == pytest.approx(1.0) and vs["per_seed"] == "1.0000 -1.0000 3.0000" and vs["paper"] == 0.03
+    assert vs["model_mean"] == pytest.approx(81.0)
+    gain = t.loc["dense: SFT gain (after − before)"]  # 81-43, 79-52, 83-64
+    assert gain["per_seed"] == "38.0000 27.0000 19.0000" and gain["paper"] == 0.81
+    assert t.loc["slice: SFT gain (after − before)", "paper"] == 1.00
+    assert math.isnan(t.loc["slice after SFT − teacher", "paper"])
+
+
+def write_update_energy(tmp_path, run, steps):
+    path = tmp_path / "results" / "tiny" / "distill" / run / "update_energy.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["step,tokens,layer,weight,energy,inside,share_inside"]
+    for step, rows in steps.items():
+        lines += [f"{step},{step * 100},{l},{w},{e},{i},{i / e}" for l, w, e, i in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_coordinates_energy_weighted_share_per_step_and_final(tmp_path):
+    files = []
+    for seed, extra in enumerate((0, 1)):
+        # dense: 1 of 4 and 1 of 1 inside -> 2 / 5 = 40 % (the mean of the shares would be 62.5 %)
+        files.append(write_update_energy(tmp_path, f"lrc-dense-s{seed}-t1000", {
+            10: [(0, "gate_proj", 4, 1), (1, "down_proj", 1, 1)],
+            20: [(0, "gate_proj", 4, 2 + extra), (1, "down_proj", 1, 1)]}))  # 60 %, 80 %
+        files.append(write_update_energy(tmp_path, f"lrc-core-s{seed}-t1000", {
+            10: [(0, "gate_proj", 2, 2)], 20: [(0, "gate_proj", 10, 9 + extra)]}))  # 90 %, 100 %
+    assert claims("coordinates", "--inputs", *files, "--out", tmp_path / "e.csv") == 0
+    t = read(tmp_path / "e.csv")
+    assert t.loc["dense: update energy inside the teacher's subspace (%) at step 10", "per_seed"] == "40.0000 40.0000"
+    final = t.loc["dense: update energy inside the teacher's subspace (%) at the end (step 20)"]
+    assert final["miniature"] == pytest.approx(70.0) and bool(final["headline"]) and final["tokens_seen"] == 2000
+    assert math.isnan(final["paper"]) and "no paper number" in final["direction"] and math.isnan(final["direction_holds"])
+    diff = t.loc["dense − core: final share inside the teacher's subspace (points)"]  # 60-90, 80-100
+    assert diff["per_seed"] == "-30.0000 -20.0000"
+
+
+def test_summary_csv_and_markdown(evals, tmp_path):
+    files = [write_eval(evals, "teacher", 80)] + runs(evals, "slice", SLICE) + runs(evals, "dense", DENSE) + runs(evals, "core", CORE)
+    files += runs(evals, "confined", CONFINED) + runs(evals, "randcomp", RANDCOMP)
+    t1, ctl = tmp_path / "claims" / "table1.csv", tmp_path / "claims" / "controls.csv"
+    assert claims("table1", "--inputs", *files, "--out", t1) == 0 and claims("controls", "--inputs", *files, "--out", ctl) == 0
+    (tmp_path / "seconds").write_text("1234.5\n")
+    out, md = tmp_path / "claims.csv", tmp_path / "claims.md"
+    assert claims("summary", "--inputs", t1, ctl, "--out", out, "--markdown", md, "--time-file", tmp_path / "seconds") == 0
+    s = pd.read_csv(out)
+    assert list(s.columns) == ["claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds",
+                               "direction_holds", "ci_excludes_zero", "rule", "table"]
+    assert list(s["comparison"]) == ["dense − slice", "core − slice", "confined − slice", "core − dense", "randcomp − core"]
+    assert list(s["rule"]) == ["claim_table1"] * 2 + ["claim_controls"] * 3 and s.loc[0, "table"] == str(t1)
+    assert s.loc[0, "miniature"] == pytest.approx(3.0) and s.loc[0, "ci_low"] == pytest.approx(3 - HALF, abs=1e-4)
+    text = md.read_text()
+    assert "| 1 | table1 | dense − slice | +2.23 | +3.00 [+0.52, +5.48] | 3 | 0.0351 | yes | yes | `claim_table1` |" in text
+    assert "20.6 min (1234 s)" in text and "Student's t" in text and "docs/method.md" in text
+    assert "3. no effect, as in the paper (-0.02): the interval holds 0. Paper: Llama-3.2-3B" in text
+
+
+def test_bad_inputs_are_refused_with_the_culprit(evals, tmp_path, capsys):
+    out = tmp_path / "o.csv"
+    assert claims("nope", "--inputs", "x.json", "--out", out) == 2
+    assert "unknown claim 'nope'" in capsys.readouterr().err
+    # a full-reach arm without its slice
+    dense = runs(evals, "dense", DENSE)
+    assert claims("table1", "--inputs", *dense, "--out", out) == 2
+    assert "no slice partner" in capsys.readouterr().err
+    # a seed in one arm but not in its pair
+    slice_ = runs(evals, "slice", SLICE[:2])
+    assert claims("table1", "--inputs", *dense, *slice_, "--out", out) == 2
+    err = capsys.readouterr().err
+    assert "seed(s) 2 only in lrc-dense-t1000" in err
+    # the 2×2 needs exactly one full-reach arm
+    core = runs(evals, "core", CORE)
+    assert claims("cross_recipe", "--inputs", *dense, *core, *runs(evals, "slice", SLICE), "--out", out) == 2
+    assert "exactly one full-reach arm, found core, dense" in capsys.readouterr().err
+    assert claims("table1", "--inputs", *dense, "--out", out, "--figure", tmp_path / "f.png") == 2
+    assert "--figure" in capsys.readouterr().err
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    assert claims("summary", "--inputs", tmp_path / "bad.csv", "--out", out) == 2
+    assert "missing column" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_two_experiments_get_their_own_rows_and_figure_panels(tmp_path):
+    files = []
+    for exp, offset in (("tiny", 0), ("other", 10)):
+        evals = tmp_path / "results" / exp / "eval"
+        files.append(write_eval(evals, "teacher", 90))
+        for tokens in (100, 200, 400, 800):
+            files += runs(evals, "slice", [v + offset for v in SLICE], tokens=tokens)
+            files += runs(evals, "dense", [v + offset for v in DENSE], tokens=tokens)
+    t1, sat = tmp_path / "table1.csv", tmp_path / "saturation.csv"
+    assert claims("table1", "--inputs", *files, "--out", t1) == 0
+    assert claims("saturation", "--inputs", *files, "--out", sat, "--figure", tmp_path / "s.png") == 0
+    t = pd.read_csv(t1)
+    assert list(t["experiment"]) == ["tiny"] * 4 + ["other"] * 4 and (t["miniature"] == 3.0).all()
+    assert claims("summary", "--inputs", t1, sat, "--out", tmp_path / "claims.csv") == 0
+    s = pd.read_csv(tmp_path / "claims.csv")
+    assert "other: long-budget gap: dense − slice at the largest budget (800 tokens)" in list(s["comparison"])
