@@ -35,6 +35,7 @@ include: "workflow/rules/sft.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/audit.smk"
 include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/claims.smk"
 
 
 # Only now are all rules defined: check the flag sections against the rules and commands.

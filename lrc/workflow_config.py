@@ -36,7 +36,8 @@ from typing import Any
 
 from lrc.cli import COMMANDS
 from lrc.errors import LRCError
-from lrc.names import run_name
+from lrc.names import parse_run_name, run_name
+from lrc.workflow_claims import all_claim_runs, claims_problems
 from lrc.options import args_class, build_args, convert_value
 
 # The flag sections of each rule (rule name = `lrc` command name), in the order they are
@@ -56,6 +57,8 @@ RULE_SECTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
     "audit": (("audit",),),
 }
 STAGES = tuple(RULE_SECTIONS)
+# Rules that run another rule's command on other paths, with that rule's flags and resources.
+RULE_ALIASES = {"warmstart_seeded": "warmstart", "knockout_audit": "audit"}
 # teacher.source -> the rule that makes results/{exp}/teacher (the tiny world's: pretrain).
 TEACHER_RULES = {"world": "pretrain", "hub": "download", "local": "import_teacher", "gguf": "import_teacher"}
 RESOURCE_DEFAULTS = {"threads": 1, "gpu": 0, "mem_mb": 4000, "runtime": 60, "accelerate": "config/accelerate/ddp.yaml"}
@@ -88,7 +91,7 @@ def _text(value: Any) -> str:
 def flag_sections(settings: dict, rule: str, **wildcards: str) -> list[tuple[str, dict]]:
     """(dotted key, flags) of each config section that ``rule`` hands its command."""
     out = []
-    for keys in RULE_SECTIONS.get(rule, ()):
+    for keys in RULE_SECTIONS.get(RULE_ALIASES.get(rule, rule), ()):
         keys = tuple(k.format(**wildcards) for k in keys)
         node: Any = settings
         for key in keys:
@@ -244,15 +247,17 @@ def jobs(settings: dict) -> list[Job]:
     if sft_runs(settings):
         out.append(Job("tokenize", {"kind": "sft"}))
     out.append(Job("svd", {}))
-    for recipe in d.get("recipes", ["lrc"]):
-        out.append(Job("warmstart", {"recipe": recipe}))
-    for recipe, arm, seed, tokens in itertools.product(d.get("recipes", ["lrc"]), d["arms"], d.get("seeds", [0]), d["tokens"]):
-        out.append(Job("distill", {"recipe": recipe, "arm": arm, "seed": str(seed), "tokens": str(tokens)}))
+    distills = [{"recipe": r, "arm": a, "seed": str(s), "tokens": str(t)} for r, a, s, t in itertools.product(d.get("recipes", ["lrc"]), d["arms"], d.get("seeds", [0]), d["tokens"])]
+    distills += [{k: str(v) for k, v in parse_run_name(r).items() if k in ("recipe", "arm", "seed", "tokens")} for r in all_claim_runs(settings)]
+    seeded = (settings.get("claims") or {}).get("vary_warmstart")
+    for recipe in dict.fromkeys(w["recipe"] for w in distills):
+        out.append(Job("warmstart_seeded", {"recipe": recipe, "seed": "0"}) if seeded else Job("warmstart", {"recipe": recipe}))
+    out += [Job("distill", w) for w in distills]
     out.append(Job("merge", {}))
     if sft_runs(settings):
         out.append(Job("sft", {}))
     out += [Job("evaluate", {"name": "teacher"}), Job("audit", {})]
-    return out
+    return out + ([Job("knockout_audit", {})] if settings.get("claims") else [])
 
 
 # ------------------------------------------------------------------ the checks
@@ -305,7 +310,7 @@ def config_problems(
             problem = _build_problem(classes[command], command, values, sections)
             if problem and problem not in problems:
                 problems.append(problem)
-        problems += _width_problems(exp, settings, classes, workdir)
+        problems += claims_problems(exp, settings) + _width_problems(exp, settings, classes, workdir)
         problems += _accelerate_problems(exp, settings, [workdir] + ([repo] if repo is not None else []))
     return set_by_rule + problems
 

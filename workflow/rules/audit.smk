@@ -22,3 +22,32 @@ rule audit:
     shell:
         "OMP_NUM_THREADS={threads} lrc audit {input.teacher} --student-hidden {params.hidden}"
         " --csv {output} {params.flags} > {log} 2>&1"
+
+
+# The claims' knockout (claims.smk): the energy of a merged full-reach student's MLP outside the
+# teacher's column/row spaces per layer and weight, and the student with that part removed
+# (evaluated as {run}.knockout by the evaluate rule).
+rule knockout_audit:
+    input:
+        teacher="results/{exp}/teacher",
+        student=f"results/{{exp}}/merged/{RUN}",
+        bases="results/{exp}/svd",
+    output:
+        occupancy=f"results/{{exp}}/occupancy/{RUN}.csv",
+        knockout=directory(f"results/{{exp}}/knockout/{RUN}"),
+    params:
+        hidden=student_hidden,
+        flags=flags_of("knockout_audit"),
+    log:
+        f"logs/{{exp}}/knockout/{RUN}.log",
+    benchmark:
+        f"benchmarks/{{exp}}/knockout/{RUN}.tsv"
+    conda:
+        "../envs/lrc.yaml"
+    threads: resource("audit", "threads")
+    resources:
+        mem_mb=resource("audit", "mem_mb"),
+        runtime=resource("audit", "runtime"),
+    shell:
+        "OMP_NUM_THREADS={threads} lrc audit {input.teacher} --student-hidden {params.hidden} --student {input.student}"
+        " --bases {input.bases} --knockout {output.knockout} --occupancy-csv {output.occupancy} {params.flags} > {log} 2>&1"

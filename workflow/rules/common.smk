@@ -9,9 +9,11 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from lrc import workflow_claims as claims
 from lrc import workflow_config as wc
 from lrc.errors import LRCError
-from lrc.names import ARMS, CONTROL_ARMS, MAIN_ARMS, RECIPES, RUN_FORMAT, SFT_SUFFIX
+from lrc.names import ARMS, CONTROL_ARMS, KNOCKOUT_SUFFIX, MAIN_ARMS, RECIPES, RUN_FORMAT, SFT_SUFFIX
+from lrc.workflow_claims import CLAIMS
 
 # ---------------------------------------------------------------- validation
 
@@ -187,7 +189,7 @@ def tokenize_source(wildcards):
 
 
 RUN_PATTERN = RUN_FORMAT.format(recipe=f"({'|'.join(RECIPES)})", arm=f"({'|'.join(ARMS)})", seed=r"\d+", tokens=r"\d+")
-EVAL_NAME = f"teacher|{RUN_PATTERN}({re.escape(SFT_SUFFIX)})?"
+EVAL_NAME = f"teacher|{RUN_PATTERN}({re.escape(SFT_SUFFIX)}|{re.escape(KNOCKOUT_SUFFIX)})?"
 
 
 def eval_inputs(wildcards):
@@ -196,6 +198,8 @@ def eval_inputs(wildcards):
         model = f"results/{exp}/teacher"
     elif name.endswith(SFT_SUFFIX):
         model = f"results/{exp}/sft/{name.removesuffix(SFT_SUFFIX)}"
+    elif name.endswith(KNOCKOUT_SUFFIX):
+        model = f"results/{exp}/knockout/{name.removesuffix(KNOCKOUT_SUFFIX)}"
     else:
         model = f"results/{exp}/merged/{name}"
     inputs = {
@@ -208,3 +212,30 @@ def eval_inputs(wildcards):
     if builds_tasks(exp):
         inputs["tasks"] = f"results/{exp}/tasks"
     return inputs
+
+
+def warmstart_input(wildcards):
+    """The warm start a distillation continues from (one per seed with claims.vary_warmstart)."""
+    return claims.warmstart_dir(wildcards.exp, settings(wildcards.exp), wildcards.recipe, wildcards.seed)
+
+
+# ---------------------------------------------------------------- the claims (claims.smk)
+
+CLAIM_EXPS = [e for e in EXPS if claims.has_claims(settings(e))]
+
+
+def claim_inputs(claim):
+    """An input function of claim_<claim> (claims.smk), its files in every experiment with a
+    claims section (refused, naming the section, when there is none)."""
+
+    def inputs(wildcards=None):
+        if not CLAIM_EXPS:
+            raise WorkflowError(f"results/claims/{claim}.csv needs an experiment with a `claims` section (see config/config.yaml)")
+        return [path for exp in CLAIM_EXPS for path in claims.claim_inputs(exp, settings(exp), claim)]
+
+    return inputs
+
+
+def update_energy_files(wildcards, input):
+    """The coordinates claim's inputs are distill directories; it reads their update_energy.csv."""
+    return " ".join(shlex.quote(f"{d}/update_energy.csv") for d in input)

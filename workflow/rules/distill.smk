@@ -5,7 +5,7 @@ rule distill:
     input:
         teacher="results/{exp}/teacher",
         bases="results/{exp}/svd",
-        warmstart="results/{exp}/warmstart/{recipe}",
+        warmstart=warmstart_input,
         data="results/{exp}/data/corpus",
     output:
         directory(f"results/{{exp}}/distill/{RUN}"),
