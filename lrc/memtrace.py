@@ -69,6 +69,7 @@ class StepSpec:
     recipe: str = "lrc"
     core_impl: str = "optimizer"
     steps: int = 2
+    processes: int = 1  # DDP processes: core's basis changes (and bases) are divided between them
 
 
 def _module_to(self, *args, **kwargs):
@@ -226,6 +227,8 @@ def _prepared(spec: StepSpec):
                       warmup=0.0, progress=False)
     student.train()
     optimizer, scheduler = optimizer_and_schedule(student, targs, spec.steps)
+    if spec.processes > 1 and hasattr(optimizer, "plan_share"):
+        optimizer.plan_share(spec.processes)  # rank 0's share of core's bases (lrc.optim)
     run = Run(args=targs, accelerator=_TraceAccelerator(spec.precision), wrapped=student, bare=student, optimizer=optimizer,
               scheduler=scheduler, fsdp=False, mixed="bf16" if spec.precision == "bf16" else "no", steps=spec.steps, accum=1,
               seq_len=spec.seq_len, n_rows=1, ckpt_dir=Path("."), fingerprint={})

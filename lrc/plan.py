@@ -182,7 +182,8 @@ class Planner:
     def at(self, micro_batch: int) -> dict:
         if micro_batch not in self._memo:
             spec = StepSpec(teacher_config=self.cfg, student_hidden=self.setting.student_hidden, arm=self.arm, micro_batch_size=micro_batch,
-                            seq_len=self.setting.seq_len, precision=self.setting.precision, recipe=self.args.recipe, core_impl=self.args.core_impl)
+                            seq_len=self.setting.seq_len, precision=self.setting.precision, recipe=self.args.recipe, core_impl=self.args.core_impl,
+                            processes=self.setting.gpus if self.setting.sharding == "ddp" else 1)
             self._memo[micro_batch] = per_gpu(trace_step(spec), self.setting)
         return self._memo[micro_batch]
 
