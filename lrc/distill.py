@@ -166,6 +166,11 @@ def main_distill(argv: Sequence[str] | None = None) -> int:
         student = _new_student(args, teacher, bases, dataset)
     apply_arm(student, teacher, args.arm, bases=bases, seed=args.seed, core_impl=args.core_impl)
     hook = UpdateEnergyLog(student, teacher, bases, args.update_energy_every) if args.update_energy_every else None  # W(0): now
+    # Not read again here (the arm's maps hold what they use, the update-energy log its U):
+    # dropped, so that a process keeps only the bases of the matrices its optimiser rotates.
+    if bases is not None:
+        bases.drop_reflector_cache()
+    del bases
     _train_and_save("distill", args, teacher, student, dataset, hook=hook, arm=args.arm,
                     warmstart=str(args.warmstart) if args.warmstart else None)
     return 0

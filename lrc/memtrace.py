@@ -72,6 +72,7 @@ class StepSpec:
     loss_impl: str = "fused"
     activation_checkpointing: bool = False  # each student decoder layer checkpointed (lrc.recompute), as the loop does
     steps: int = 2
+    processes: int = 1  # DDP processes: core's basis changes (and bases) are divided between them
 
 
 def _module_to(self, *args, **kwargs):
@@ -231,6 +232,8 @@ def _prepared(spec: StepSpec):
                       warmup=0.0, progress=False, activation_checkpointing=spec.activation_checkpointing)
     student.train()
     optimizer, scheduler = optimizer_and_schedule(student, targs, spec.steps)
+    if spec.processes > 1 and hasattr(optimizer, "plan_share"):
+        optimizer.plan_share(spec.processes)  # rank 0's share of core's bases (lrc.optim)
     run = Run(args=targs, accelerator=_TraceAccelerator(spec.precision), wrapped=student, bare=student, optimizer=optimizer,
               scheduler=scheduler, fsdp=False, mixed="bf16" if spec.precision == "bf16" else "no", steps=spec.steps, accum=1,
               seq_len=spec.seq_len, n_rows=1, ckpt_dir=Path("."), fingerprint={})

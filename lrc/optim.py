@@ -31,11 +31,17 @@ would be undone at the next step.
 
 Several processes (DDP) share the work: weight j's basis changes run on process
 ``j % P`` only, which broadcasts the mapped gradient and then the new W (two broadcasts of
-the weight's size per step, like the gradient all-reduce); AdamW itself, cheap and
-elementwise, runs everywhere, so every process holds the whole optimiser state and a
-checkpoint is the same as with one process. The values are those every process would
-compute itself (same kernels, same inputs). :attr:`CoordinateAdamW.coordinate_share`
-says how the work is divided (the training summary records it).
+the weight's size per step, like the gradient all-reduce), and at the first step q itself;
+AdamW itself, cheap and elementwise, runs everywhere, so every process holds the whole
+optimiser state and a checkpoint is the same as with one process. The values are those
+every process would compute itself (same kernels, same inputs). So a process never reads
+the maps of the weights it does not own: the optimiser releases them when it is built
+(``cmap.release()``, where the map has one: `core`'s U_r and reflectors, 16.9 GB fp32 per
+process at Llama-3.2-3B, r 1536, are then held ~1/P per process); a map that can be
+released must also say its coordinates' shape (``cmap.coordinates_shape(weight_shape)``).
+:attr:`CoordinateAdamW.coordinate_share` says how the work is divided (the training
+summary records it); :meth:`CoordinateAdamW.plan_share` makes a single process act as
+rank 0 of P (no broadcasts), for the planner's memory trace.
 
 Only `core`/`randcomp` use it (decision, measured with ``lrc bench``, CPU time per step,
 H512 teacher, 4 micro-batches of 1,024 tokens: kd 2.45 s, dense 3.12 s, slice 3.40 s,
@@ -69,6 +75,8 @@ STATE_KEY = "coordinates"
 class CoordinateMap(Protocol):
     def coordinates(self, tensor: torch.Tensor) -> torch.Tensor: ...
 
+    def coordinates_shape(self, weight_shape: tuple[int, ...]) -> tuple[int, ...]: ...
+
     def __call__(self, coords: torch.Tensor) -> torch.Tensor: ...
 
 
@@ -79,10 +87,9 @@ def _world() -> tuple[int, int]:
     return 1, 0
 
 
-def _share_from_owners(jobs) -> None:
+def _share_from_owners(jobs, broadcast: bool) -> None:
     """Each ``(tensor, owner)``: broadcast the owner's values to every process (no-op alone)."""
-    world, _ = _world()
-    if world == 1:
+    if not broadcast:
         return
     handles = [torch.distributed.broadcast(t, src=owner, async_op=True) for t, owner in jobs]
     for h in handles:
@@ -120,12 +127,29 @@ class CoordinateAdamW(torch.optim.AdamW):
             if type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor":
                 raise LRCError("CoordinateAdamW: a parameter with a coordinate map is sharded (FSDP); the basis change needs the "
                                "whole matrix: use the parametrised implementation (--core-impl parametrized)")
+        world, rank = _world()
+        self._divide(world, rank, broadcast=world > 1)
+
+    def _divide(self, world: int, rank: int, broadcast: bool) -> None:
+        """Own weight j iff ``j % world == rank``; release the maps of the others (never read here)."""
+        self._world, self._broadcast = (world, rank), broadcast
+        self._owner = {k: j % world for j, k in enumerate(self._maps)}
+        for k, (p, cmap) in self._maps.items():
+            if self._owner[k] != rank and hasattr(cmap, "release"):
+                cmap.release()
+
+    def plan_share(self, processes: int) -> None:
+        """Act as rank 0 of ``processes`` without a process group: hold and rotate only its
+        share (no broadcasts: the others' values are left unset). For a memory trace only."""
+        if processes < 1:
+            raise LRCError(f"plan_share: processes must be >= 1, got {processes}")
+        self._divide(processes, 0, broadcast=False)
 
     @property
     def coordinate_share(self) -> dict[str, int]:
         """How the basis changes are divided: mapped weights in all, and this process's share."""
-        world, rank = _world()
-        return {"maps": len(self._maps), "this_process": sum(1 for j in range(len(self._maps)) if j % world == rank),
+        world, rank = self._world
+        return {"maps": len(self._maps), "this_process": sum(1 for o in self._owner.values() if o == rank),
                 "processes": world}
 
     def _enter(self) -> list[tuple[dict, int, torch.Tensor, torch.Tensor, CoordinateMap]]:
@@ -136,19 +160,20 @@ class CoordinateAdamW(torch.optim.AdamW):
             # mapped weights would silently train as dense ones.
             raise LRCError("CoordinateAdamW: the parameters with a coordinate map are no longer the optimised ones "
                            "(replaced after the optimiser was built, as FSDP does); use --core-impl parametrized")
-        world, rank = _world()
-        owner_of = {k: j % world for j, k in enumerate(self._maps)}
-        swapped, jobs = [], []
+        _, rank = self._world
+        swapped, firsts, jobs = [], [], []
         for group in self.param_groups:
             params = group["params"]
             for i, p in enumerate(params):
                 if id(p) not in self._maps or p.grad is None:
                     continue
-                cmap, owner = self._maps[id(p)][1], owner_of[id(p)]
+                cmap, owner = self._maps[id(p)][1], self._owner[id(p)]
                 state = self.state.pop(p, {})
                 q = state.pop(STATE_KEY, None)
-                if q is None:
-                    q = cmap.coordinates(p.detach()).contiguous()
+                if q is None:  # first step: q = M*(W), made by the owner (W is the same everywhere)
+                    q = cmap.coordinates(p.detach()).contiguous() if owner == rank else \
+                        p.new_empty(cmap.coordinates_shape(tuple(p.shape)))
+                    firsts.append((q, owner))
                 # Processes share the basis changes: the owner of a weight maps its (all-reduced,
                 # identical everywhere) gradient and sends it; AdamW then runs everywhere.
                 q.grad = cmap.coordinates(p.grad).contiguous() if owner == rank else torch.empty_like(q)
@@ -156,11 +181,11 @@ class CoordinateAdamW(torch.optim.AdamW):
                 self.state[q] = state
                 params[i] = q
                 swapped.append((group, i, p, q, cmap, owner))
-        _share_from_owners(jobs)
+        _share_from_owners(firsts + jobs, self._broadcast)
         return swapped
 
     def _leave(self, swapped) -> None:
-        _, rank = _world()
+        _, rank = self._world
         for group, i, p, q, cmap, owner in swapped:
             group["params"][i] = p
             state = self.state.pop(q)
@@ -169,7 +194,7 @@ class CoordinateAdamW(torch.optim.AdamW):
             self.state[p] = state
             if owner == rank:
                 p.copy_(cmap(q))
-        _share_from_owners([(p.data, owner) for _, _, p, _, _, owner in swapped])
+        _share_from_owners([(p.data, owner) for _, _, p, _, _, owner in swapped], self._broadcast)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -193,7 +193,8 @@ class Planner:
         if micro_batch not in self._memo:
             spec = StepSpec(teacher_config=self.cfg, student_hidden=self.setting.student_hidden, arm=self.arm, micro_batch_size=micro_batch,
                             seq_len=self.setting.seq_len, precision=self.setting.precision, recipe=self.args.recipe, core_impl=self.args.core_impl,
-                            loss_impl=self.setting.loss_impl, activation_checkpointing=self.setting.activation_checkpointing)
+                            loss_impl=self.setting.loss_impl, activation_checkpointing=self.setting.activation_checkpointing,
+                            processes=self.setting.gpus if self.setting.sharding == "ddp" else 1)
             self._memo[micro_batch] = per_gpu(trace_step(spec), self.setting)
         return self._memo[micro_batch]
 

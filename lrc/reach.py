@@ -179,6 +179,7 @@ class SpectralCoordinates(nn.Module):
         self.register_buffer("wy_s", signs, persistent=False)
         self.transpose = transpose
         self.h = basis.shape[1]
+        self.released = False
 
     def keep_wy_form_only(self) -> None:
         """Drop U_r, the reflectors and tau once the step-0 weight is made (the wy form only):
@@ -188,6 +189,21 @@ class SpectralCoordinates(nn.Module):
         if self.wy_v is None:
             raise LRCError("keep_wy_form_only: this map applies Q with ormqr (no compact-WY form)")
         self.basis = self.reflectors = self.tau = None
+
+    def release(self) -> None:
+        """Drop every basis tensor: this process never applies the map (another one owns its
+        basis changes, :class:`lrc.optim.CoordinateAdamW`); it is then refused."""
+        self.basis = self.reflectors = self.tau = self.rotation = None
+        self.wy_v = self.wy_t = self.wy_s = None
+        self.released = True
+
+    def coordinates_shape(self, weight_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of ``[A; C]`` for a weight of ``weight_shape`` (the weight's, transposed for down)."""
+        return tuple(reversed(weight_shape)) if self.transpose else tuple(weight_shape)
+
+    def _check_held(self) -> None:
+        if getattr(self, "released", False):
+            raise LRCError("SpectralCoordinates: this map was released (another process owns its basis changes)")
 
     def _complement(self, c: torch.Tensor) -> torch.Tensor:
         """``U_perp · C`` = ``Q · [0; C]`` (ormqr)."""
@@ -201,6 +217,7 @@ class SpectralCoordinates(nn.Module):
         return x - self.wy_v @ (t @ (self.wy_v.T @ x))
 
     def forward(self, coords: torch.Tensor) -> torch.Tensor:
+        self._check_held()
         h = self.h
         a, c = coords[:h], coords[h:]
         if self.rotation is not None:
@@ -227,6 +244,7 @@ class SpectralCoordinates(nn.Module):
         For a gradient it is what autograd computes through :meth:`forward`
         (``basisᵀ·g`` and, through ``ormqr``'s backward, ``Oᵀ·(Qᵀ·g)[H:]``), in one pass.
         """
+        self._check_held()
         g = tensor.T if self.transpose else tensor
         h = self.h
         if self.wy_v is None:

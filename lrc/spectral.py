@@ -90,6 +90,10 @@ class TeacherBases:
             self._reflectors[key] = (refl.float(), tau.float())
         return self._reflectors[key]
 
+    def drop_reflector_cache(self) -> None:
+        """Forget the cached reflectors (:meth:`complement` recomputes them, the same, when asked)."""
+        self._reflectors.clear()
+
     def check_matches(self, teacher) -> None:
         """Raise when these bases cannot belong to ``teacher`` (layer count or shapes)."""
         cfg = teacher.config

@@ -1,0 +1,92 @@
+"""Under DDP each process holds only the bases of the matrices whose basis changes it runs.
+
+Two gloo processes run :class:`lrc.optim.CoordinateAdamW` on a `core` student with the same
+(synthetic, identical) gradients: the maps of the weights another process owns are
+released, the first step's coordinates and every update come from the owner, and the
+weights and optimiser state are bitwise those of an optimiser on the same process that
+holds every map and computes everything itself (what every process did before).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+STEPS = 3
+
+
+def _student(arm: str, core_impl: str):
+    from lrc.reach import apply_arm
+    from lrc.student import build_student
+    from tests.helpers import make_teacher
+
+    torch.manual_seed(0)
+    teacher = make_teacher("llama-tied")
+    student = build_student(teacher, 16, seed=0)
+    apply_arm(student, teacher, arm, core_impl=core_impl)
+    return student
+
+
+def _optimizer(student):
+    from lrc.optim import CoordinateAdamW, coordinate_maps
+
+    params = [p for p in student.parameters() if p.requires_grad]
+    return CoordinateAdamW([{"params": params, "weight_decay": 0.1}], coordinates=coordinate_maps(student), lr=1e-2)
+
+
+def _train(student, optimizer) -> None:
+    params = [p for p in student.parameters() if p.requires_grad]
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(step)
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        optimizer.step()
+
+
+def _worker(rank: int, init: str, arm: str, core_impl: str, results) -> None:
+    from lrc.optim import COORDINATES_ATTR
+
+    torch.set_num_threads(1)
+    student = _student(arm, core_impl)
+    local = copy.deepcopy(student)
+    reference = _optimizer(local)  # before the process group: it holds every map, computes every value itself
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        shared = _optimizer(student)
+        maps = [getattr(m, COORDINATES_ATTR) for m in student.modules() if getattr(m, COORDINATES_ATTR, None) is not None]
+        held = [m.wy_v is not None or m.basis is not None for m in maps]
+        _train(local, reference)
+        _train(student, shared)
+        same_w = all(torch.equal(a, b) for a, b in zip(student.parameters(), local.parameters()))
+        same_q = all(torch.equal(shared.state[a]["coordinates"], reference.state[b]["coordinates"])
+                     and torch.equal(shared.state[a]["exp_avg_sq"], reference.state[b]["exp_avg_sq"])
+                     for a, b in zip(student.parameters(), local.parameters()) if "coordinates" in shared.state[a])
+        results[rank] = (held, same_w, same_q, shared.coordinate_share)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("arm", "core_impl"), [("core", "optimizer"), ("randcomp", "optimizer"), ("core", "optimizer-wy")])
+def test_each_process_holds_its_share_and_the_steps_are_bitwise_unchanged(tmp_path, arm, core_impl):
+    results = mp.Manager().dict()
+    mp.spawn(_worker, args=(f"file://{tmp_path / 'pg'}", arm, core_impl, results), nprocs=2, join=True)
+    for rank in (0, 1):
+        held, same_w, same_q, share = results[rank]
+        assert held == [j % 2 == rank for j in range(len(held))]  # only its own maps' bases are kept
+        assert share == {"maps": len(held), "this_process": len(held) // 2, "processes": 2}
+        assert same_w and same_q
+
+
+def test_a_released_map_is_refused():
+    from lrc.errors import LRCError
+    from lrc.optim import COORDINATES_ATTR
+
+    student = _student("core", "optimizer")
+    cmap = next(getattr(m, COORDINATES_ATTR) for m in student.modules() if getattr(m, COORDINATES_ATTR, None) is not None)
+    cmap.release()
+    with pytest.raises(LRCError, match="released"):
+        cmap.coordinates(torch.zeros(8, 8))
