@@ -84,12 +84,14 @@ def test_fsdp_shards_the_trainable_state_and_keeps_the_teacher():
     assert ddp["parts"] == trace["parts"]
 
 
-def test_a_paper_config_gives_its_distill_settings():
-    path = ROOT / "config/paper/llama3.2-3b.yaml"
-    exp = yaml.safe_load(path.read_text())["experiments"]["llama3.2-3b"]
+def test_a_paper_config_gives_its_distill_settings(tmp_path):
+    config = yaml.safe_load((ROOT / "config/paper/llama3.2-3b.yaml").read_text())
+    exp = config["experiments"]["llama3.2-3b"]
+    # the distill section's micro-batch, not the warm start's: made to differ here
+    exp["distill"]["train"]["micro_batch_size"] = exp["warmstart"]["micro_batch_size"] + 2
+    path = tmp_path / "llama3.2-3b.yaml"
+    path.write_text(yaml.safe_dump(config))
     setting = resolve(PlanArgs(workflow_config=path))
-    # the distill section's micro-batch (1: core at 3 is over 80 GiB), not the warm start's (3)
-    assert exp["distill"]["train"]["micro_batch_size"] != exp["warmstart"]["micro_batch_size"]
     assert (setting.student_hidden, setting.micro_batch_size, setting.seq_len, setting.precision, setting.gpus, setting.sharding) == (
         1536, exp["distill"]["train"]["micro_batch_size"], 2048, "bf16", 8, "ddp")
     assert setting.teacher_config == Path("config/teachers/llama3.2-3b.json")
