@@ -36,10 +36,9 @@ from lrc.hf import (
     save_causal_lm,
     tokenizer_if_any,
 )
-from lrc.names import ARMS, MLP_KINDS
+from lrc.names import ARMS, FULL_REACH_ARMS, MLP_KINDS
 from lrc.options import parse_args
 from lrc.provenance import write_settings
-from lrc.reach import FULL_REACH_ARMS
 from lrc.spectral import column_basis, load_bases, mlp_teacher_matrix
 
 MLP_WEIGHTS = ("gate_proj", "up_proj", "down_proj")

@@ -17,10 +17,11 @@ import pandas as pd
 
 from lrc.atomic import atomic_file
 from lrc.claims_rows import by_experiment
+from lrc import names
 from lrc.errors import LRCError
 from lrc.options import check_choice, parse_args
 
-CLAIMS = ("table1", "controls", "cross_recipe", "saturation", "knockout", "sft", "coordinates", "summary")
+CLAIMS = (*names.CLAIMS, "summary")
 
 
 @dataclass(kw_only=True)

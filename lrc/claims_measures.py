@@ -23,7 +23,7 @@ from lrc.claims_rows import (
 )
 from lrc.errors import LRCError
 from lrc.names import ARMS, parse_run_name
-from lrc.stats import paired_t_pvalue
+from lrc.stats import mean, paired_t_pvalue
 
 # The knockout "collapses to chance" when the knocked-out student keeps at most this share of
 # its margin above chance (means over seeds).
@@ -85,7 +85,7 @@ def knockout(paths: Sequence[Path]) -> pd.DataFrame:
         if missing:
             raise LRCError(f"knockout: {name}: seed(s) {', '.join(map(str, missing))} knocked out but without an occupancy CSV")
         rows.append(measure_row("knockout", f"{arm}: MLP energy outside the teacher's spaces (%)", outside,
-                                ref=paper("knockout", "outside"), headline=True, direction="energy outside the spaces is > 0, as in the paper", **common))
+                                ref=paper("knockout", "outside"), headline=True, **common))
         rows.append(paired_row("knockout", f"{arm}: score drop from the knockout (before − after)", before, after,
                                a_name=name, b_name=f"{name}.knockout", chance=chance, **common))
         rows.append(_chance_row(after, before, chance, common))
@@ -96,9 +96,9 @@ def _chance_row(after: dict[int, float], before: dict[int, float], chance: float
     """The knocked-out score above chance (its interval over seeds) and the paper's rule."""
     ref: Paper = paper("knockout", "chance")
     above = {s: v - chance for s, v in after.items()}
-    mean_after = sum(after.values()) / len(after)
-    mean_before = sum(before[s] for s in after if s in before) / max(1, sum(s in before for s in after))
-    holds = None if math.isnan(chance) else bool(mean_after - chance <= CHANCE_MARGIN * (mean_before - chance))
+    mean_after = mean(after.values())
+    mean_before = mean(before[s] for s in after if s in before)
+    holds = None if math.isnan(chance) or math.isnan(mean_after) or math.isnan(mean_before) else bool(mean_after - chance <= CHANCE_MARGIN * (mean_before - chance))
     return measure_row(
         "knockout", f"{common['arm']}: score after the knockout − chance", above, ref=ref, headline=True, p_value=paired_t_pvalue(above.values()),
         direction=(f"removal collapses to chance: the knocked-out student keeps at most {100 * CHANCE_MARGIN:.0f} % of its margin "

@@ -16,7 +16,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 from lrc.aggregate import load_evaluations
 from lrc.errors import LRCError
-from lrc.stats import CI_METHOD, paired_differences, paired_t_pvalue, per_seed_text, t_interval
+from lrc.stats import CI_METHOD, mean, paired_differences, paired_t_pvalue, per_seed_text, t_interval
 
 PAPER_SOURCE = "docs/method.md §4"
 ROW_COLUMNS = (
@@ -31,13 +31,21 @@ class Paper:
     """The paper's number for one comparison (None: it has none) and how to read the direction.
 
     ``sign``: the miniature's effect has the paper's sign; ``null``: the paper found no effect,
-    so the direction holds when the interval holds 0; ``chance``: the knockout rule (see
-    :func:`lrc.claims_measures`); ``none``: nothing to compare with.
+    so it holds when the whole interval lies within ±``EQUIVALENCE_MARGIN`` points, fails when
+    the interval excludes 0, and is inconclusive (blank) otherwise — an interval that merely
+    holds 0 is a lack of evidence, not a null; ``size``: a size to set beside the paper's, no
+    direction; ``chance``: the knockout rule (see :func:`lrc.claims_measures`); ``none``:
+    nothing to compare with.
     """
 
     value: float | None
     setting: str
-    kind: Literal["sign", "null", "chance", "none"] = "sign"
+    kind: Literal["sign", "null", "size", "chance", "none"] = "sign"
+
+
+# The null's equivalence margin, in points of the aggregate (a choice: about the size of the
+# paper's own "within evaluation noise", 66.21 vs 66.18 and 64.02 vs 64.04).
+EQUIVALENCE_MARGIN = 1.0
 
 
 NO_PAPER = Paper(None, "the paper has no number for this", "none")
@@ -53,14 +61,14 @@ PAPER = {
     ("controls", "confined"): Paper(-0.02, f"{LLAMA_1B5}: equal-parameter slice-confined 64.02 vs plain LRC 64.04 (a null)", "null"),
     ("controls", "core-dense"): Paper(0.13, f"{LLAMA_1B5}: spectral 65.40 − dense 65.27, derived"),
     ("controls", "randcomp-core"): Paper(-0.64, f"{LLAMA_1B5}: random completion 64.76 − spectral 65.40, derived"),
-    ("cross_recipe", "lrc"): Paper(1.82, "Llama-3.2-3B → 1.5B, 2B tokens, slice → full under the LRC recipe"),
-    ("cross_recipe", "kl"): Paper(2.86, "Llama-3.2-3B → 1.5B, 2B tokens, slice → full under the KL-only recipe"),
+    ("cross_recipe", "lrc"): Paper(1.82, "the controls' backbone, 2B tokens, slice → full under the LRC recipe"),
+    ("cross_recipe", "kl"): Paper(2.86, "the controls' backbone, 2B tokens, slice → full under the KL-only recipe"),
     ("cross_recipe", "kl-lrc"): Paper(1.04, "2B tokens: +2.86 (KL-only) − +1.82 (LRC), derived"),
-    ("saturation", "gap"): Paper(2.54, "Llama-3.2-3B → 1.5B at 50B tokens: full 65.40 − plain LRC 62.86 (the paper: ~2.5)"),
-    ("knockout", "outside"): Paper(7.4, "the full-reach student's weight energy outside the teacher's spaces: 7.4 %"),
+    ("saturation", "gap"): Paper(2.54, "Llama-3.2-3B → 1.5B: full 65.40 at 10B tokens − plain LRC's plateau 62.86 at 50B (the paper: ~2.5)"),
+    ("knockout", "outside"): Paper(7.4, "the full-reach student's weight energy outside the teacher's spaces: 7.4 %", "size"),
     ("knockout", "chance"): Paper(0.0, "removing that complement collapses the full-reach student to chance", "chance"),
-    ("sft", "full-teacher"): Paper(0.03, "1.5B student 66.21 after SFT vs its teacher Llama-3.2-3B 66.18, derived"),
-    ("sft", "full-gain"): Paper(0.81, "1.5B student 66.21 after SFT − 65.40 before, derived"),
+    ("sft", "full-teacher"): Paper(0.03, "1.5B student (the paper's teacher-spectral arm) 66.21 after SFT vs its teacher Llama-3.2-3B 66.18, derived"),
+    ("sft", "full-gain"): Paper(0.81, "1.5B student (the paper's teacher-spectral arm) 66.21 after SFT − 65.40 before, derived"),
     ("sft", "slice-gain"): Paper(1.00, "original LRC-1.5B 63.48 after SFT − its base 62.48, derived"),
 }
 
@@ -152,13 +160,9 @@ def paired_row(claim: str, comparison: str, a: Mapping[int, float], b: Mapping[i
                b_name: str, ref: Paper = NO_PAPER, headline: bool = False, **extra: Any) -> dict[str, Any]:
     """A row for ``a - b`` paired by seed: mean difference, its interval, paired p-value."""
     diffs = paired_differences(a, b, a_name=a_name, b_name=b_name)
-    extra = {"model": a_name, "model_mean": _mean(a), "model_per_seed": per_seed_text(a), "baseline": b_name,
-             "baseline_mean": _mean(b), "baseline_per_seed": per_seed_text(b), **extra}
+    extra = {"model": a_name, "model_mean": mean(a.values()), "model_per_seed": per_seed_text(a), "baseline": b_name,
+             "baseline_mean": mean(b.values()), "baseline_per_seed": per_seed_text(b), **extra}
     return _row(claim, comparison, diffs, paired_t_pvalue(diffs.values()), ref, headline, extra)
-
-
-def _mean(values: Mapping[int, float]) -> float:
-    return t_interval(values.values()).mean
 
 
 def _row(claim, comparison, values, p_value, ref: Paper, headline, extra) -> dict[str, Any]:
@@ -173,7 +177,7 @@ def _row(claim, comparison, values, p_value, ref: Paper, headline, extra) -> dic
         "ci_excludes_zero": iv.excludes_zero, "headline": headline, "ci_method": CI_METHOD,
     }
     if row["direction_holds"] is None:
-        row["direction_holds"] = direction_holds(ref, iv.mean, iv.excludes_zero)
+        row["direction_holds"] = direction_holds(ref, iv)
     return {**row, **extra}
 
 
@@ -181,14 +185,19 @@ def direction_text(ref: Paper) -> str:
     if ref.kind == "sign":
         return f"same sign as the paper's {ref.value:+.2f}"
     if ref.kind == "null":
-        return f"no effect, as in the paper ({ref.value:+.2f}): the interval holds 0"
+        return (f"no effect, as in the paper ({ref.value:+.2f}): holds if the interval lies within ±{EQUIVALENCE_MARGIN:g} points, "
+                "fails if it excludes 0, blank (inconclusive) otherwise")
+    if ref.kind == "size":
+        return f"a size beside the paper's {ref.value:g}, no direction to hold"
     return "no paper number to compare with"
 
 
-def direction_holds(ref: Paper, miniature: float, excludes_zero: bool | None) -> bool | None:
-    """sign: the signs agree; null: the interval holds 0 (None without an interval); none: None."""
-    if ref.kind == "sign" and ref.value and not math.isnan(miniature):
-        return (miniature > 0) == (ref.value > 0) and miniature != 0
-    if ref.kind == "null" and excludes_zero is not None:
-        return not excludes_zero
+def direction_holds(ref: Paper, iv) -> bool | None:
+    """sign: the signs agree; null: see :class:`Paper` (None without an interval); else None."""
+    if ref.kind == "sign" and ref.value and not math.isnan(iv.mean):
+        return (iv.mean > 0) == (ref.value > 0) and iv.mean != 0
+    if ref.kind == "null" and iv.excludes_zero is not None:
+        if iv.excludes_zero:
+            return False
+        return True if -EQUIVALENCE_MARGIN <= iv.low and iv.high <= EQUIVALENCE_MARGIN else None
     return None

@@ -17,7 +17,7 @@ from lrc.claims_rows import (
 )
 from lrc.errors import LRCError
 from lrc.names import ARMS, MAIN_ARMS
-from lrc.stats import paired_differences, paired_t_pvalue
+from lrc.stats import mean, paired_differences, paired_t_pvalue
 
 MIN_BUDGETS = 4
 
@@ -157,7 +157,7 @@ def sft(paths: Sequence[Path]) -> pd.DataFrame:
                 common = dict(experiment=exp, recipe=recipe, tokens=tokens, teacher=t_score)
                 vs_teacher = {s: v - t_score for s, v in after.items()}
                 rows.append(measure_row("sft", f"{arm} after SFT − teacher", vs_teacher, ref=paper("sft", f"{full}-teacher"),
-                                        headline=True, p_value=paired_t_pvalue(vs_teacher.values()), model_mean=_avg(after), **common))
+                                        headline=True, p_value=paired_t_pvalue(vs_teacher.values()), model_mean=mean(after.values()), **common))
                 if not before:
                     raise LRCError(f"sft: {recipe}-{arm}-t{tokens}.sft has no evaluation before SFT among the inputs")
                 rows.append(paired_row("sft", f"{arm}: SFT gain (after − before)", after, before, a_name=f"{recipe}-{arm}-t{tokens}.sft",
@@ -166,6 +166,3 @@ def sft(paths: Sequence[Path]) -> pd.DataFrame:
         raise LRCError("sft: no .sft evaluation among the inputs")
     return pd.DataFrame(rows)
 
-
-def _avg(values: dict[int, float]) -> float:
-    return sum(values.values()) / len(values) if values else float("nan")

@@ -78,9 +78,7 @@ from lrc.options import check_choice
 from lrc.spectral import compact_wy, compute_bases
 
 DOWN_FACTOR_BUFFER = "lrc_down_factor"
-# The arms whose MLP matrices train everywhere (the others stay in the teacher's slice),
-# and those built on the teacher bases.
-FULL_REACH_ARMS = ("dense", "core", "randcomp")
+# The arms built on the teacher bases (the full-reach arms: lrc.names.FULL_REACH_ARMS).
 BASIS_ARMS = ("core", "confined", "randcomp")
 # How `core`/`randcomp` apply their basis (see module doc): in the optimiser step (the
 # training model holds the deployed weight) or as a parametrisation (rebuilt every forward).

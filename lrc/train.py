@@ -232,8 +232,8 @@ class Run:
 
 def _accelerator(args: TrainArgs) -> tuple[Accelerator, str]:
     mixed = "bf16" if args.precision == "bf16" or (args.precision == "auto" and torch.cuda.is_available()) else "no"
-    # broadcast_buffers=False: an LRC student's buffers are the frozen teacher weights (and
-    # bases), identical on every rank; DDP would otherwise re-send them at every forward.
+    # broadcast_buffers=False: an LRC student's buffers (core's bases) are identical on every
+    # rank; DDP would otherwise re-send them at every forward.
     # gradient_as_bucket_view: gradients are views into DDP's all-reduce buckets (no copy).
     ddp = DistributedDataParallelKwargs(broadcast_buffers=False, gradient_as_bucket_view=True)
     accelerator = Accelerator(mixed_precision=mixed, step_scheduler_with_optimizer=False, kwargs_handlers=[ddp])

@@ -98,10 +98,12 @@ class UpdateEnergyLog:
         if every < 1:
             raise LRCError(f"--update-energy-every must be >= 1 to log (0 turns it off), got {every}")
         self.student, self.every = student, every
-        self.basis = mlp_bases(teacher, bases if bases is not None else compute_bases(teacher))
-        # float32 W(0) on the CPU: exact (the deployed dtype), and off the accelerator.
-        self.start = {(i, kind): deployed_column_oriented(student, i, kind).float().cpu().clone()
-                      for i in range(teacher.config.num_hidden_layers) for kind in MLP_KINDS}
+        self.basis, self.start = None, {}
+        if is_main_process():  # only the writer holds the bases and W(0) (under DDP: rank 0)
+            self.basis = mlp_bases(teacher, bases if bases is not None else compute_bases(teacher))
+            # float32 W(0) on the CPU: exact (the deployed dtype), and off the accelerator.
+            self.start = {(i, kind): deployed_column_oriented(student, i, kind).float().cpu().clone()
+                          for i in range(teacher.config.num_hidden_layers) for kind in MLP_KINDS}
         self.path: Path | None = None
         self.steps = self.tokens_per_step = 0
 

@@ -16,12 +16,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from lrc.names import ARMS, KNOCKOUT_SUFFIX, MAIN_ARMS, RECIPES, SFT_SUFFIX, run_name
-
-# METHOD.md §3: the arms whose deployed MLP reaches everything (not only the teacher's slice).
-FULL_REACH_ARMS = ("dense", "core", "randcomp")
-# The claims in the order of METHOD.md §4 (each has the rule claim_<claim>).
-CLAIMS = ("table1", "controls", "cross_recipe", "saturation", "knockout", "sft", "coordinates")
+from lrc.names import ARMS, CLAIMS, FULL_REACH_ARMS, KNOCKOUT_SUFFIX, MAIN_ARMS, RECIPES, SFT_SUFFIX, run_name
 
 
 def has_claims(settings: dict) -> bool:

@@ -82,9 +82,9 @@ def test_controls_every_arm_minus_slice_and_the_basis_controls(evals, tmp_path):
     assert claims("controls", "--inputs", *files, "--out", tmp_path / "c.csv") == 0
     t = read(tmp_path / "c.csv")
     assert list(t.index) == ["dense − slice", "core − slice", "confined − slice", "randcomp − slice", "core − dense", "randcomp − core"]
-    confined = t.loc["confined − slice"]  # 0.5, -0.5, 0: no effect, like the paper's -0.02
-    assert confined["miniature"] == pytest.approx(0.0, abs=1e-9) and bool(confined["direction_holds"])
-    assert "holds 0" in confined["direction"] and confined["paper"] == -0.02
+    confined = t.loc["confined − slice"]  # 0.5, -0.5, 0: interval 0 ± 1.24, wider than the ±1 margin
+    assert confined["miniature"] == pytest.approx(0.0, abs=1e-9) and pd.isna(confined["direction_holds"])
+    assert "inconclusive" in confined["direction"] and confined["paper"] == -0.02
     core_dense = t.loc["core − dense"]  # -2, -2, -2 against the paper's +0.13: the direction fails
     assert core_dense["miniature"] == pytest.approx(-2.0) and not bool(core_dense["direction_holds"])
     assert core_dense["p_value"] == 0.0  # no spread: t is infinite
@@ -145,7 +145,7 @@ def test_knockout_energy_outside_score_drop_and_chance(evals, tmp_path):
     assert claims("knockout", "--inputs", *files, "--out", tmp_path / "k.csv") == 0
     t = read(tmp_path / "k.csv")
     outside = t.loc["dense: MLP energy outside the teacher's spaces (%)"]
-    assert outside["per_seed"] == "7.5000 7.5000 7.5000" and outside["paper"] == 7.4 and bool(outside["direction_holds"])
+    assert outside["per_seed"] == "7.5000 7.5000 7.5000" and outside["paper"] == 7.4 and pd.isna(outside["direction_holds"])
     drop = t.loc["dense: score drop from the knockout (before − after)"]  # 43-26, 52-25, 64-27
     assert drop["per_seed"] == "17.0000 27.0000 37.0000" and drop["miniature"] == pytest.approx(27.0)
     chance = t.loc["dense: score after the knockout − chance"]  # chance 25 %: 1, 0, 2 above it
@@ -223,7 +223,7 @@ def test_summary_csv_and_markdown(evals, tmp_path):
     text = md.read_text()
     assert "| 1 | table1 | dense − slice | +2.23 | +3.00 [+0.52, +5.48] | 3 | 0.0351 | yes | yes | `claim_table1` |" in text
     assert "20.6 min (1234 s)" in text and "Student's t" in text and "docs/method.md" in text
-    assert "3. no effect, as in the paper (-0.02): the interval holds 0. Paper: Llama-3.2-3B" in text
+    assert "3. no effect, as in the paper (-0.02): holds if the interval lies within ±1 points" in text
 
 
 def test_bad_inputs_are_refused_with_the_culprit(evals, tmp_path, capsys):
@@ -267,3 +267,12 @@ def test_two_experiments_get_their_own_rows_and_figure_panels(tmp_path):
     assert claims("summary", "--inputs", t1, sat, "--out", tmp_path / "claims.csv") == 0
     s = pd.read_csv(tmp_path / "claims.csv")
     assert "other: long-budget gap: dense − slice at the largest budget (800 tokens)" in list(s["comparison"])
+
+
+@pytest.mark.parametrize("low, high, holds", [(-0.5, 0.8, True), (0.2, 3.0, False), (-3.0, -0.1, False), (-1.5, 0.5, None)])
+def test_a_null_holds_only_when_its_interval_lies_within_the_margin(low, high, holds):
+    from lrc.claims_rows import EQUIVALENCE_MARGIN, direction_holds, paper
+    from lrc.stats import Interval
+
+    assert EQUIVALENCE_MARGIN == 1.0
+    assert direction_holds(paper("controls", "confined"), Interval((low + high) / 2, low, high, 3, 1.0)) is holds
