@@ -38,7 +38,7 @@ from lrc.atomic import atomic_file
 from lrc.errors import LRCError
 from lrc.names import ARMS, RECIPES, RUN_FORMAT, SFT_SUFFIX, parse_run_name
 from lrc.options import parse_args
-from lrc.stats import paired_differences, paired_t_pvalue, per_seed_text, t_interval
+from lrc.stats import mean, paired_differences, paired_t_pvalue, per_seed_text, sample_sd, t_interval
 
 ARM_ORDER = ("teacher", *ARMS)
 SETTINGS = ("lm_eval_version", "num_fewshot", "batch_size", "limit")
@@ -163,12 +163,12 @@ def results_table(records: list[dict[str, Any]], *, sft: bool) -> pd.DataFrame:
         }
         for task, column in tasks.items():
             values = [_percent(r["data"]["tasks"].get(task, {}).get("value")) for r in group]
-            row[column] = _mean(values)
-        row["aggregate"] = _mean(aggs)
-        row["aggregate_sd"] = _sd(aggs)
+            row[column] = mean(values)
+        row["aggregate"] = mean(aggs)
+        row["aggregate_sd"] = sample_sd(aggs)
         row.update(_seed_columns(group, aggs))
         for extra in EXTRAS:
-            row[extra] = _mean([_float(r["data"].get("extra", {}).get(extra)) for r in group])
+            row[extra] = mean([_float(r["data"].get("extra", {}).get(extra)) for r in group])
         row["aggregate_name"] = _one_or_all([r["data"]["aggregate"].get("name") for r in group])
         row["suite"] = _one_or_all([r["data"].get("suite") for r in group])
         lm = [r["data"]["lm_eval"] for r in group]
@@ -259,28 +259,23 @@ def _float(value: Any) -> float:
     return float("nan") if value is None else float(value)
 
 
-def _mean(values: list[float]) -> float:
-    finite = [v for v in values if not math.isnan(v)]
-    return sum(finite) / len(finite) if finite else float("nan")
-
-
-def _sd(values: list[float]) -> float:
-    """Sample standard deviation over seeds (blank for one seed)."""
-    finite = [v for v in values if not math.isnan(v)]
-    if len(finite) < 2:
-        return float("nan")
-    mean = sum(finite) / len(finite)
-    return math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+def read_csv_table(path: Path, what: str, needed: Sequence[str] = (), hint: str = "") -> pd.DataFrame:
+    """A CSV as a frame, with an error naming ``what``, the file and any missing column."""
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise LRCError(f"cannot read {what} {path}: {err}") from err
+    missing = set(needed) - set(frame.columns)
+    if missing:
+        raise LRCError(f"{what} {path}: missing column(s) {', '.join(sorted(missing))}{hint}")
+    return frame
 
 
 def audit_table(paths: Sequence[Path]) -> pd.DataFrame:
     frames = []
     for path in paths:
         path = Path(path)
-        try:
-            frame = pd.read_csv(path)
-        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-            raise LRCError(f"cannot read audit CSV {path}: {err}") from err
+        frame = read_csv_table(path, "audit CSV")
         if "experiment" not in frame.columns:
             frame.insert(0, "experiment", experiment_of(path))
         frames.append(frame)

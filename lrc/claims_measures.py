@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from lrc.aggregate import read_csv_table
 from lrc.claims_rows import (
     Paper, chance_level, experiment_of_input, load_records, measure_row, paired_row, paper, scores_by_seed, student_runs, teacher_record,
 )
@@ -30,17 +31,6 @@ from lrc.stats import mean, paired_t_pvalue
 CHANCE_MARGIN = 0.25
 OCCUPANCY_COLUMNS = {"layer", "weight", "energy", "outside"}
 UPDATE_COLUMNS = {"step", "tokens", "layer", "weight", "energy", "inside"}
-
-
-def _read_csv(path: Path, needed: set[str], what: str) -> pd.DataFrame:
-    try:
-        frame = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise LRCError(f"cannot read {what} {path}: {err}") from err
-    missing = needed - set(frame.columns)
-    if missing:
-        raise LRCError(f"{what} {path}: missing column(s) {', '.join(sorted(missing))}")
-    return frame
 
 
 def _run_of(name: str, path: Path) -> dict[str, Any]:
@@ -64,7 +54,7 @@ def knockout(paths: Sequence[Path]) -> pd.DataFrame:
     occupancy = {}
     for path in (p for p in paths if p.suffix == ".csv"):
         run = _run_of(path.stem, path)
-        occupancy[(run["recipe"], run["arm"], run["tokens"], run["seed"])] = _share(_read_csv(path, OCCUPANCY_COLUMNS, "occupancy CSV"), "outside")
+        occupancy[(run["recipe"], run["arm"], run["tokens"], run["seed"])] = _share(read_csv_table(path, "occupancy CSV", OCCUPANCY_COLUMNS), "outside")
     reference = teacher_record(records, required=False) or records[0]
     chance, exp = chance_level(reference), records[0]["experiment"]
     groups = sorted({(r["recipe"], r["arm"], r["tokens"]) for r in student_runs(records) if r.get("knockout")},
@@ -111,7 +101,7 @@ def coordinates(paths: Sequence[Path]) -> pd.DataFrame:
     per_run = []
     for path in map(Path, paths):
         run = _run_of(path.parent.name, path)
-        frame = _read_csv(path, UPDATE_COLUMNS, "update-energy CSV")
+        frame = read_csv_table(path, "update-energy CSV", UPDATE_COLUMNS)
         for step, at in frame.groupby("step"):
             per_run.append({**run, "step": int(step), "seen": float(at["tokens"].iloc[0]), "share": _share(at, "inside"),
                             "exp": experiment_of_input(path)})

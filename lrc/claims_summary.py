@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from lrc.aggregate import read_csv_table
 from lrc.atomic import atomic_file
 from lrc.errors import LRCError
 from lrc.stats import CI_METHOD
@@ -29,13 +30,7 @@ def read_claim_tables(paths: Sequence[Path]) -> pd.DataFrame:
     frames = []
     for path in paths:
         path = Path(path)
-        try:
-            frame = pd.read_csv(path)
-        except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-            raise LRCError(f"cannot read claim table {path}: {err}") from err
-        missing = NEEDED - set(frame.columns)
-        if missing:
-            raise LRCError(f"claim table {path}: missing column(s) {', '.join(sorted(missing))} (written by `lrc claims CLAIM`?)")
+        frame = read_csv_table(path, "claim table", NEEDED, hint=" (written by `lrc claims CLAIM`?)")
         frame = frame[frame["headline"].astype(str) == "True"].copy()
         frame["rule"] = "claim_" + frame["claim"].astype(str)
         frame["table"] = str(path)

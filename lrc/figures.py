@@ -16,6 +16,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from lrc.aggregate import read_csv_table
 from lrc.atomic import atomic_file
 from lrc.errors import LRCError
 from lrc.options import parse_args
@@ -42,13 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(FigureArgs, argv, prog="lrc figure")
     if not args.out:
         raise LRCError("--out: no image file given")
-    try:
-        table = pd.read_csv(args.table)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise LRCError(f"cannot read results table {args.table}: {err}") from err
-    missing = {"experiment", "arm", "recipe", "tokens", "aggregate"} - set(table.columns)
-    if missing:
-        raise LRCError(f"results table {args.table}: missing column(s) {', '.join(sorted(missing))}")
+    table = read_csv_table(args.table, "results table", ("experiment", "arm", "recipe", "tokens", "aggregate"))
     figure = draw(table)
     for path in args.out:
         save(figure, Path(path), args.dpi)
@@ -78,12 +73,7 @@ def draw(table: pd.DataFrame):
         teacher = rows[rows["arm"] == "teacher"]
         if len(teacher) and not math.isnan(teacher["aggregate"].iloc[0]):
             ax.axhline(teacher["aggregate"].iloc[0], color="black", linestyle=":", label="teacher")
-        ax.set_xscale("log")
-        ax.set_title(str(exp))
-        ax.set_xlabel("distillation tokens (log scale)")
-        ax.set_ylabel(f"{name} (%)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
+        _style_axes(ax, str(exp), f"{name} (%)")
     fig.tight_layout()
     return fig
 
@@ -112,14 +102,19 @@ def draw_saturation(claim: pd.DataFrame):
         teacher = rows["teacher"].dropna() if "teacher" in rows else pd.Series(dtype=float)
         if len(teacher):
             ax.axhline(teacher.iloc[0], color="black", linestyle=":", label="teacher")
-        ax.set_xscale("log")
-        ax.set_xlabel("distillation tokens (log scale)")
-        ax.set_ylabel("aggregate score (%)")
-        ax.set_title(f"saturation ({exp})")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
+        _style_axes(ax, f"saturation ({exp})", "aggregate score (%)")
     fig.tight_layout()
     return fig
+
+
+def _style_axes(ax, title: str, ylabel: str) -> None:
+    """Both figures' axes: log-scale tokens, a grid, a small legend."""
+    ax.set_xscale("log")
+    ax.set_title(title)
+    ax.set_xlabel("distillation tokens (log scale)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
 
 
 def _aggregate_name(table: pd.DataFrame) -> str:

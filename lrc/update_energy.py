@@ -65,7 +65,7 @@ def energy_rows(model, start: dict, basis) -> list[dict]:
         d = w.double() - w0.to(w.device, torch.float64)
         u = basis(i, kind).to(w.device, torch.float64)
         energy = d.pow(2).sum().item()
-        inside = (u @ (u.T @ d)).pow(2).sum().item()
+        inside = (u.T @ d).pow(2).sum().item()  # = ‖U Uᵀ d‖² for orthonormal U
         rows.append({"layer": i, "weight": f"{kind}_proj", "energy": energy, "inside": inside,
                      "share_inside": inside / energy if energy else 0.0})
     return rows
