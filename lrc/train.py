@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
-from accelerate import Accelerator, PartialState
+from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from torch.utils.data import DataLoader, Dataset
 
@@ -445,5 +445,6 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
 
 
 def is_main_process() -> bool:
-    """True on the process that writes outputs (the only one without accelerate launch)."""
-    return PartialState().is_main_process
+    """True on the process that writes outputs; the launcher's RANK, so it may be asked before
+    accelerate's state exists (creating that state early breaks a multi-process launch)."""
+    return int(os.environ.get("RANK", "0")) == 0

@@ -31,7 +31,6 @@ different file. The main process reads and writes it.
 from __future__ import annotations
 
 import csv
-import os
 import shutil
 from pathlib import Path
 
@@ -100,9 +99,7 @@ class UpdateEnergyLog:
             raise LRCError(f"--update-energy-every must be >= 1 to log (0 turns it off), got {every}")
         self.student, self.every = student, every
         self.basis, self.start = None, {}
-        # Only the writer (rank 0) holds the bases and W(0). Read from the launcher's environment:
-        # accelerate's state must not be created before the training loop sets it up.
-        if int(os.environ.get("RANK", "0")) == 0:
+        if is_main_process():  # only the writer (rank 0) holds the bases and W(0)
             self.basis = mlp_bases(teacher, bases if bases is not None else compute_bases(teacher))
             # float32 W(0) on the CPU: exact (the deployed dtype), and off the accelerator.
             self.start = {(i, kind): deployed_column_oriented(student, i, kind).float().cpu().clone()
