@@ -102,12 +102,13 @@ def test_vary_warmstart_gives_each_seed_its_own_warm_start(tmp_path):
     config = default_config()
     config["experiments"]["tiny"]["claims"]["vary_warmstart"] = True
     out = dry_run("results/claims/cross_recipe.csv", config, tmp_path)
+    tokens = config["experiments"]["tiny"]["claims"]["tokens"]
     assert outputs_of(out, "warmstart_seeded") == sorted(f"results/tiny/warmstart/{r}-s{s}" for r in ("lrc", "kl") for s in (0, 1, 2))
     assert "warmstart" not in job_counts(out)
     for seed in (0, 1, 2):
         (cmd,) = [c for c in shell_commands(out) if " warmstart " in c and f"--out results/tiny/warmstart/kl-s{seed} " in c]
         assert f"--seed {seed} " in cmd
-        (cmd,) = [c for c in shell_commands(out) if " distill " in c and f"--out results/tiny/distill/kl-dense-s{seed}-t400000 " in c]
+        (cmd,) = [c for c in shell_commands(out) if " distill " in c and f"--out results/tiny/distill/kl-dense-s{seed}-t{tokens} " in c]
         assert f"--warmstart results/tiny/warmstart/kl-s{seed} " in cmd and f"--seed {seed} " in cmd
 
 
@@ -125,7 +126,7 @@ def claims_refusal(edit) -> list[str]:
 
 BAD_CLAIMS = [
     ("ladder3", lambda x: x["claims"].update(ladder=[100000, 400000, 1600000]), "at experiments.tiny.claims.ladder: [100000, 400000, 1600000] is too short"),
-    ("ladder_short", lambda x: x["claims"].update(ladder=[100000, 200000, 400000, 800000]), "experiments.tiny.claims.ladder: the largest budget 800000 must be at least 4x claims.tokens (1600000)"),
+    ("ladder_short", lambda x: x["claims"].update(tokens=400000, ladder=[100000, 200000, 400000, 800000]), "experiments.tiny.claims.ladder: the largest budget 800000 must be at least 4x claims.tokens (1600000)"),
     ("ladder_order", lambda x: x["claims"].update(ladder=[1600000, 100000, 200000, 400000]), "experiments.tiny.claims.ladder: list the budgets in increasing order"),
     ("ladder_repeat", lambda x: x["claims"].update(ladder=[100000, 100000, 400000, 1600000]), "at experiments.tiny.claims.ladder: [100000, 100000, 400000, 1600000] has non-unique elements"),
     ("full_arm", lambda x: x["claims"].update(full_arm="slice"), "at experiments.tiny.claims.full_arm: 'slice' is not one of ['dense', 'core', 'randcomp']"),
