@@ -29,16 +29,29 @@ holds q = M*(W) up to rounding, initialised from W at the first step. Code that 
 outside the optimiser mid-run (other than a checkpoint restore, which restores both)
 would be undone at the next step.
 
-Several processes (DDP) share the work: weight j's basis changes run on process
-``j % P`` only, which broadcasts the mapped gradient and then the new W (two broadcasts of
-the weight's size per step, like the gradient all-reduce), and at the first step q itself;
-AdamW itself, cheap and elementwise, runs everywhere, so every process holds the whole
-optimiser state and a checkpoint is the same as with one process. The values are those
-every process would compute itself (same kernels, same inputs). So a process never reads
-the maps of the weights it does not own: the optimiser releases them when it is built
-(``cmap.release()``, where the map has one: `core`'s U_r and reflectors, 16.9 GB fp32 per
-process at Llama-3.2-3B, r 1536, are then held ~1/P per process); a map that can be
-released must also say its coordinates' shape (``cmap.coordinates_shape(weight_shape)``).
+Several processes (DDP) share the work: the weights are divided between them, balanced by
+size (:func:`balanced_owners`; equal-sized matrices go round-robin, weight j to process
+``j % P``), and a weight's basis changes run on its owner only, which broadcasts the mapped
+gradient and then the new W (two broadcasts of the weight's size per step, like the
+gradient all-reduce), and at the first step q itself; AdamW itself, cheap and elementwise,
+runs everywhere, so every process holds the whole optimiser state and a checkpoint is the
+same as with one process. The values are those every process would compute itself (same
+kernels, same inputs). So a process never reads the maps of the weights it does not own:
+the optimiser releases them when it is built (``cmap.release()``, where the map has one:
+`core`'s U_r and reflectors, 16.9 GB fp32 per process at Llama-3.2-3B, r 1536, are then
+held ~1/P per process); a map that can be released must also say its coordinates' shape
+(``cmap.coordinates_shape(weight_shape)``).
+
+``shard_states=True`` divides the optimiser state too (ZeRO stage 1, as the reference LRC
+trainer's DeepSpeed ZeRO-2 does for its states): every trainable parameter gets an owner,
+only the owner runs AdamW on it and keeps its moments (and, mapped, its coordinates q), and
+then broadcasts the new weight (one broadcast of the weights' size per step, and no mapped
+gradient to send). The states held per process fall to ~1/P; the values are again those one
+process computes (same kernels on the same all-reduced, clipped gradients). A checkpoint is
+still the one-process state: :meth:`state_dict` collects every state on process 0, whose
+file accelerate writes, one parameter at a time (no full copy on any device), and
+:meth:`load_state_dict` keeps each process's share of a full state.
+
 :attr:`CoordinateAdamW.coordinate_share` says how the work is divided (the training
 summary records it); :meth:`CoordinateAdamW.plan_share` makes a single process act as
 rank 0 of P (no broadcasts), for the planner's memory trace.
@@ -109,31 +122,49 @@ def coordinate_maps(model: torch.nn.Module) -> dict[torch.nn.Parameter, Coordina
     return found
 
 
+def balanced_owners(tensors: list[torch.Tensor], processes: int) -> list[int]:
+    """The process that owns each tensor: largest first, each to the least-loaded process
+    (ties to the lowest rank), so equal-sized tensors go round-robin."""
+    load, owners = [0] * processes, [0] * len(tensors)
+    for j in sorted(range(len(tensors)), key=lambda j: -tensors[j].numel()):  # (stable)
+        owners[j] = min(range(processes), key=lambda r: (load[r], r))
+        load[owners[j]] += tensors[j].numel()
+    return owners
+
+
 class CoordinateAdamW(torch.optim.AdamW):
-    """``torch.optim.AdamW`` that optimises the parameters in ``coordinates`` through their maps.
+    """``torch.optim.AdamW`` that optimises the parameters in ``coordinates`` through their maps,
+    and with ``shard_states`` keeps each process's share of the states only.
 
     Every other parameter is handled exactly as by AdamW. See the module doc.
     """
 
-    def __init__(self, params: Iterable[Any], coordinates: Mapping[torch.Tensor, CoordinateMap] | None = None, **kwargs):
+    def __init__(self, params: Iterable[Any], coordinates: Mapping[torch.Tensor, CoordinateMap] | None = None,
+                 shard_states: bool = False, **kwargs):
         super().__init__(params, **kwargs)
         # Keyed by id: tensors compare elementwise, so they are no safe dict keys of their own.
         self._maps = {id(p): (p, cmap) for p, cmap in (coordinates or {}).items()}
-        listed = {id(p) for group in self.param_groups for p in group["params"]}
+        self._shard_states = shard_states
+        listed = {id(p) for p in self._params()}
         stray = [k for k in self._maps if k not in listed]
         if stray:
             raise LRCError(f"CoordinateAdamW: {len(stray)} parameter(s) with a coordinate map are not among the optimised ones")
-        for p, _ in self._maps.values():
+        for p in self._params() if shard_states else (p for p, _ in self._maps.values()):
             if type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor":
-                raise LRCError("CoordinateAdamW: a parameter with a coordinate map is sharded (FSDP); the basis change needs the "
-                               "whole matrix: use the parametrised implementation (--core-impl parametrized)")
+                raise LRCError("CoordinateAdamW: a parameter with a coordinate map (or, with shard_states, any parameter) is "
+                               "sharded (FSDP); the basis change needs the whole matrix: use the parametrised "
+                               "implementation (--core-impl parametrized), and FSDP2 shards the states itself")
         world, rank = _world()
         self._divide(world, rank, broadcast=world > 1)
 
+    def _params(self) -> list[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"]]
+
     def _divide(self, world: int, rank: int, broadcast: bool) -> None:
-        """Own weight j iff ``j % world == rank``; release the maps of the others (never read here)."""
+        """Give every divided tensor an owner; release the maps of the others (never read here)."""
         self._world, self._broadcast = (world, rank), broadcast
-        self._owner = {k: j % world for j, k in enumerate(self._maps)}
+        divided = self._params() if self._shard_states else [p for p, _ in self._maps.values()]
+        self._owner = {id(p): owner for p, owner in zip(divided, balanced_owners(divided, world))}
         for k, (p, cmap) in self._maps.items():
             if self._owner[k] != rank and hasattr(cmap, "release"):
                 cmap.release()
@@ -147,25 +178,35 @@ class CoordinateAdamW(torch.optim.AdamW):
 
     @property
     def coordinate_share(self) -> dict[str, int]:
-        """How the basis changes are divided: mapped weights in all, and this process's share."""
+        """How the work is divided: mapped weights in all and this process's share (and, with
+        sharded states, the parameters whose states this process keeps)."""
         world, rank = self._world
-        return {"maps": len(self._maps), "this_process": sum(1 for o in self._owner.values() if o == rank),
-                "processes": world}
+        share = {"maps": len(self._maps), "this_process": sum(1 for k in self._maps if self._owner[k] == rank),
+                 "processes": world}
+        if self._shard_states:
+            share |= {"state_params": len(self._owner), "state_params_this_process": sum(o == rank for o in self._owner.values())}
+        return share
 
-    def _enter(self) -> list[tuple[dict, int, torch.Tensor, torch.Tensor, CoordinateMap]]:
-        """Put each mapped parameter's coordinates (grad and state) in its place in the groups."""
-        listed = {id(p) for group in self.param_groups for p in group["params"]}
-        if any(k not in listed for k in self._maps):
+    def _enter(self):
+        """Put each mapped parameter's coordinates (grad and state) in its place in the groups;
+        with sharded states, hide the gradients of the parameters another process steps."""
+        if any(k not in {id(p) for p in self._params()} for k in self._maps):
             # e.g. accelerate's FSDP prepare swapped the parameters for sharded ones: the
             # mapped weights would silently train as dense ones.
             raise LRCError("CoordinateAdamW: the parameters with a coordinate map are no longer the optimised ones "
                            "(replaced after the optimiser was built, as FSDP does); use --core-impl parametrized")
         _, rank = self._world
-        swapped, firsts, jobs = [], [], []
+        swapped, hidden, firsts, jobs = [], [], [], []
         for group in self.param_groups:
             params = group["params"]
             for i, p in enumerate(params):
-                if id(p) not in self._maps or p.grad is None:
+                if p.grad is None:
+                    continue
+                if self._shard_states and self._owner[id(p)] != rank:
+                    hidden.append((p, p.grad))  # AdamW skips a parameter without a gradient
+                    p.grad = None
+                    continue
+                if id(p) not in self._maps:
                     continue
                 cmap, owner = self._maps[id(p)][1], self._owner[id(p)]
                 state = self.state.pop(p, {})
@@ -181,10 +222,11 @@ class CoordinateAdamW(torch.optim.AdamW):
                 self.state[q] = state
                 params[i] = q
                 swapped.append((group, i, p, q, cmap, owner))
-        _share_from_owners(firsts + jobs, self._broadcast)
-        return swapped
+        if not self._shard_states:  # (sharded, only the owner steps q: nothing to send)
+            _share_from_owners(firsts + jobs, self._broadcast)
+        return swapped, hidden
 
-    def _leave(self, swapped) -> None:
+    def _leave(self, swapped, hidden) -> None:
         _, rank = self._world
         for group, i, p, q, cmap, owner in swapped:
             group["params"][i] = p
@@ -194,7 +236,11 @@ class CoordinateAdamW(torch.optim.AdamW):
             self.state[p] = state
             if owner == rank:
                 p.copy_(cmap(q))
-        _share_from_owners([(p.data, owner) for _, _, p, _, _, owner in swapped], self._broadcast)
+        for p, grad in hidden:
+            p.grad = grad
+        # (the same order on every process: the gradients exist on all of them alike)
+        stepped = [p for p in self._params() if p.grad is not None] if self._shard_states else [p for _, _, p, _, _, _ in swapped]
+        _share_from_owners([(p.data, self._owner[id(p)]) for p in stepped], self._broadcast)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -202,9 +248,36 @@ class CoordinateAdamW(torch.optim.AdamW):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        swapped = self._enter()
+        swapped, hidden = self._enter()
         try:
             super().step()
         finally:
-            self._leave(swapped)
+            self._leave(swapped, hidden)
         return loss
+
+    # ---- checkpoints: the one-process state, whatever the division ----------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """With sharded states and a process group: process 0 returns every parameter's state
+        (each sent by its owner, one at a time, to CPU); the others return their own share.
+        Every process must call it (accelerate's ``save_state`` does)."""
+        saved = super().state_dict()
+        if not (self._shard_states and self._broadcast):
+            return saved
+        _, rank = self._world
+        for index, p in enumerate(self._params()):
+            owner = self._owner[id(p)]
+            box = [{k: v.cpu() if torch.is_tensor(v) else v for k, v in saved["state"][index].items()}
+                   if owner == rank and index in saved["state"] else None]
+            torch.distributed.broadcast_object_list(box, src=owner)
+            if rank == 0 and box[0] is not None:
+                saved["state"][index] = box[0]
+        return saved
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a (one-process) state; with sharded states keep only this process's share."""
+        if self._shard_states:
+            _, rank = self._world
+            owners = [self._owner[id(p)] for p in self._params()]
+            state_dict = {**state_dict, "state": {i: s for i, s in state_dict["state"].items() if owners[int(i)] == rank}}
+        super().load_state_dict(state_dict)

@@ -49,13 +49,11 @@ Decisions, and why:
   no gradients) is the objective's job, done once (:func:`lrc.hf.freeze_teacher`). It is
   never wrapped by DDP/FSDP: it has no gradients, so each process holds a full replica
   (documented in ``config/accelerate/*.yaml``).
-- **CPU threads** (``--threads``) are set once, by the command, before it loads anything
-  (the teacher load and the SVD use them too); the loop does not set them again.
-- AdamW over trainable parameters only; weight decay applies to matrices (``ndim >= 2``),
-  not to norm weights or biases. Weights that carry a coordinate map
-  (:func:`lrc.optim.coordinate_maps`: `core`/`randcomp` MLP weights) are optimised by
-  :class:`lrc.optim.CoordinateAdamW` in those coordinates, once per step. Schedules: linear or cosine decay to 0, or constant, each
-  after a linear warm-up over ``warmup`` (a fraction of the steps).
+- **CPU threads** (``--threads``) are set once, by the command, before it loads anything.
+- AdamW over trainable parameters only, decay on matrices (``ndim >= 2``). Weights with a
+  coordinate map (`core`/`randcomp` MLP weights) and, with ``shard_optimizer``, every state
+  are handled by :class:`lrc.optim.CoordinateAdamW`. Schedules: linear or cosine decay to 0,
+  or constant, after a linear warm-up over ``warmup`` (a fraction of the steps).
 """
 
 from __future__ import annotations
@@ -113,6 +111,7 @@ class TrainArgs:
     tensorboard: bool = field(default=False, metadata={"help": "also log to TensorBoard under <ckpt_dir>/tb (needs the tensorboard package)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     activation_checkpointing: bool = field(default=False, metadata={"help": "checkpoint each decoder layer of the trained model: its activations are recomputed in backward (less memory, one more forward of the layers, the same trajectory; lrc.recompute)"})
+    shard_optimizer: bool = field(default=False, metadata={"help": "DDP: each process keeps AdamW's states for its share of the parameters only, and broadcasts their new values (ZeRO stage 1; the same trajectory and checkpoints; lrc.optim)"})
 
     def __post_init__(self) -> None:
         for name in ("tokens", "checkpoint_every", "threads"):
@@ -240,10 +239,8 @@ def _accelerator(args: TrainArgs) -> tuple[Accelerator, str]:
     sharding.enable_cpu_fsdp(accelerator)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:
-        raise LRCError(
-            f"launched with WORLD_SIZE={launched} but accelerate sees {accelerator.num_processes} process(es); "
-            "on a machine without GPUs set ACCELERATE_USE_CPU=1 (see config/accelerate/cpu2.yaml)"
-        )
+        raise LRCError(f"launched with WORLD_SIZE={launched} but accelerate sees {accelerator.num_processes} process(es); "
+                       "on a machine without GPUs set ACCELERATE_USE_CPU=1 (see config/accelerate/cpu2.yaml)")
     return accelerator, mixed
 
 
@@ -256,8 +253,8 @@ def _optimizer(model: torch.nn.Module, args: TrainArgs, steps: int):
     no_decay = [p for _, p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     maps = coordinate_maps(model)  # weights the model asks to have optimised in other coordinates
-    if maps:
-        optimizer = CoordinateAdamW(groups, coordinates=maps, lr=args.lr, betas=tuple(args.betas), eps=args.eps)
+    if maps or args.shard_optimizer:
+        optimizer = CoordinateAdamW(groups, coordinates=maps, shard_states=args.shard_optimizer, lr=args.lr, betas=tuple(args.betas), eps=args.eps)
     else:
         optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=tuple(args.betas), eps=args.eps)
     warmup_steps = math.ceil(args.warmup * steps)
@@ -296,6 +293,8 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
         torch.cuda.reset_peak_memory_stats(accelerator.device)
     set_seed(args.seed)
     fsdp = accelerator.distributed_type.name == "FSDP"
+    if fsdp and args.shard_optimizer:
+        raise LRCError("--shard-optimizer (train.shard_optimizer) is for DDP; FSDP2 shards the optimiser states itself")
     # FSDP2 and a tied student: one group for the shared factor, before the optimiser holds it.
     tied = accelerator.is_fsdp2 and sharding.before_prepare(model, accelerator)
     if args.activation_checkpointing:

@@ -10,6 +10,7 @@ holds every map and computes everything itself (what every process did before).
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -79,6 +80,65 @@ def test_each_process_holds_its_share_and_the_steps_are_bitwise_unchanged(tmp_pa
         assert held == [j % 2 == rank for j in range(len(held))]  # only its own maps' bases are kept
         assert share == {"maps": len(held), "this_process": len(held) // 2, "processes": 2}
         assert same_w and same_q
+
+
+def _sharded_worker(rank: int, init: str, arm: str, results) -> None:
+    """ZeRO-1 (shard_states): each process steps and keeps the states of its share; the
+    weights, the collected checkpoint and a resumed run are those of one process."""
+    from lrc.optim import CoordinateAdamW, coordinate_maps
+
+    torch.set_num_threads(1)
+    student = _student(arm, "optimizer")
+    local, resumed = copy.deepcopy(student), copy.deepcopy(student)
+    reference = _optimizer(local)  # before the process group: one process, every state
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        def sharded(model):
+            params = [p for p in model.parameters() if p.requires_grad]
+            return CoordinateAdamW([{"params": params, "weight_decay": 0.1}], coordinates=coordinate_maps(model),
+                                   shard_states=True, lr=1e-2)
+
+        shared = sharded(student)
+        _train(local, reference)
+        _train(student, shared)
+        same_w = all(torch.equal(a, b) for a, b in zip(student.parameters(), local.parameters()))
+        held = sum(1 for p in student.parameters() if p.requires_grad and p in shared.state)
+        saved, expected = shared.state_dict(), reference.state_dict()
+        same_saved = rank != 0 or (saved["state"].keys() == expected["state"].keys() and all(
+            torch.equal(saved["state"][i][k], expected["state"][i][k]) for i in expected["state"] for k in expected["state"][i]))
+        # a restart: fresh weights from the same checkpoint, every process loading the full state
+        full = [None]
+        if rank == 0:  # through bytes, as a file would (state_dict's own tensors are the live ones)
+            buffer = io.BytesIO()
+            torch.save(saved, buffer)
+            full = [buffer.getvalue()]
+        dist.broadcast_object_list(full, src=0)
+        full = [torch.load(io.BytesIO(full[0]), weights_only=True)]
+        for a, b in zip(resumed.parameters(), student.parameters()):
+            a.data.copy_(b.data)
+        again = sharded(resumed)
+        again.load_state_dict(full[0])
+        _train(student, shared)
+        _train(resumed, again)
+        same_resume = all(torch.equal(a, b) for a, b in zip(resumed.parameters(), student.parameters()))
+        results[rank] = (same_w, same_saved, same_resume, held, shared.coordinate_share)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("arm", ["dense", "core"])
+def test_sharded_states_are_divided_and_change_nothing(tmp_path, arm):
+    results = mp.Manager().dict()
+    mp.spawn(_sharded_worker, args=(f"file://{tmp_path / 'pg'}", arm, results), nprocs=2, join=True)
+    shares = [results[rank][4] for rank in (0, 1)]
+    total = shares[0]["state_params"]
+    assert [s["state_params_this_process"] for s in shares] == [results[r][3] for r in (0, 1)]  # it holds what it owns
+    assert sum(results[r][3] for r in (0, 1)) == total and min(results[r][3] for r in (0, 1)) > 0
+    for rank in (0, 1):
+        same_w, same_saved, same_resume, _, _ = results[rank]
+        assert same_w, "the sharded steps moved the weights differently from one process"
+        assert same_saved, "process 0's collected state is not the one-process state"
+        assert same_resume, "a run resumed from the collected state diverged"
 
 
 def test_a_released_map_is_refused():
