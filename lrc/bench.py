@@ -21,7 +21,9 @@ part), trainable parameters, and how many
 times the parametrisations are evaluated per step (each parametrised weight should be
 materialised once per forward), and how many weights the optimiser steps in other
 coordinates (`core`/`randcomp` with ``--core-impl optimizer``: one basis change per such
-weight and step, none in the forward). ``--micro-batches N`` accumulates N forwards of
+weight and step, none in the forward; "own": how many of them one process runs, the rest
+running on the others with ``--processes P``, DDP through torchrun, each process taking
+``--micro-batches`` forwards per step). ``--micro-batches N`` accumulates N forwards of
 ``--batch-size`` sequences per optimiser step, as training does. ``--teacher`` is a checkpoint directory or a config JSON
 (a random teacher of that shape, seeded: enough for timing).
 """
@@ -32,6 +34,7 @@ import csv
 import json
 import os
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -80,6 +83,7 @@ class BenchArgs:
     steps: int = field(default=10, metadata={"help": "measured steps per run"})
     warmup_steps: int = field(default=3, metadata={"help": "steps run first and not measured"})
     repeats: int = field(default=3, metadata={"help": "runs per arm (fresh process each)"})
+    processes: int = field(default=1, metadata={"help": "data-parallel processes per run (DDP through torchrun; gloo on a CPU): each runs --micro-batches forwards per step, and core's basis changes are divided between them"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads"})
     precision: Literal["auto", "fp32", "bf16"] = field(default="auto", metadata={"help": "as in training: auto = fp32 on CPU, bf16 on GPU"})
     seed: int = field(default=0, metadata={"help": "seed of the random teacher, the students and the data"})
@@ -170,7 +174,7 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
         objective = CloneObjective(teacher, student, recipe)
     calls = _count_parametrisation_calls(student)
     total_steps = args.steps + args.warmup_steps
-    per_step = args.batch_size * args.micro_batches
+    per_step = args.batch_size * args.micro_batches * args.processes  # sequences per step, over all processes
     data = RandomRows(per_step * total_steps, args.seq_len, teacher.config.vocab_size, args.seed)
     targs = TrainArgs(tokens=total_steps * per_step * args.seq_len, batch_size=per_step, micro_batch_size=args.batch_size,
                       lr=1e-4, warmup=0.0, log_every=1, threads=args.threads, precision=args.precision, seed=args.seed,
@@ -191,6 +195,8 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
         "trainable_params": sum(p.numel() for p in student.parameters() if p.requires_grad),
         "parametrisation_calls_per_step": calls[0] / total_steps,
         "optimizer_coordinate_maps": len(coordinate_maps(student)),
+        # the basis changes this process runs per step (the rest run on the others)
+        "basis_changes_this_process": summary.get("optimizer_coordinates", {}).get("this_process", 0),
         "device": summary["device"],
     }
 
@@ -200,17 +206,28 @@ def _worker(payload: str) -> None:
     args = BenchArgs(**{k: (Path(v) if k in ("teacher", "out", "bases") and v is not None else v) for k, v in spec["args"].items()})
     with tempfile.TemporaryDirectory(prefix="lrc-bench-") as work:
         result = run_one(spec["arm"], args, Path(work))
-    print("LRC_BENCH_RESULT " + json.dumps(result), flush=True)
+    if int(os.environ.get("RANK", "0")) == 0:  # (under torchrun: process 0 speaks for the run)
+        print("LRC_BENCH_RESULT " + json.dumps(result), flush=True)
 
 
 def _spawn(arm: str, args: BenchArgs) -> dict:
     payload = json.dumps({"arm": arm, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}})
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "lrc.bench", "_worker", payload], capture_output=True, text=True, env=env)
+    launcher = [sys.executable]
+    if args.processes > 1:
+        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(args.processes), "--master-port", str(_free_port())]
+        env |= {} if torch.cuda.is_available() else {"ACCELERATE_USE_CPU": "1"}  # accelerate: gloo on the CPU
+    proc = subprocess.run(launcher + ["-m", "lrc.bench", "_worker", payload], capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("LRC_BENCH_RESULT "):
             return json.loads(line.split(" ", 1)[1])
     raise LRCError(f"bench run of arm {arm!r} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -227,7 +244,7 @@ def bench(args: BenchArgs) -> list[dict]:
         check_choice("arm", name, ARMS)
         if impl:
             check_choice(f"core_impl of {arm}", impl, CORE_IMPLS)
-    for name in ("batch_size", "micro_batches", "seq_len", "steps", "repeats", "threads", "student_hidden"):
+    for name in ("batch_size", "micro_batches", "seq_len", "steps", "repeats", "threads", "student_hidden", "processes"):
         if getattr(args, name) < 1:
             raise LRCError(f"--{name.replace('_', '-')} must be >= 1")
     arms = [BASELINE] + [a for a in dict.fromkeys(args.arms) if a != BASELINE]
@@ -248,12 +265,13 @@ def bench(args: BenchArgs) -> list[dict]:
             "step_time_ms": 1000 * statistics.median(times),
             "step_time_iqr_ms": 1000 * (_quantile(times, 0.75) - _quantile(times, 0.25)),
             "step_cpu_ms": 1000 * statistics.median(cpu),
-            "tokens_per_s": args.batch_size * args.micro_batches * args.seq_len / statistics.median(times),
+            "tokens_per_s": args.batch_size * args.micro_batches * args.processes * args.seq_len / statistics.median(times),
             "peak_memory_mib": peak,
             "step_memory_mib": above,
             "trainable_params": runs[arm][0]["trainable_params"],
             "parametrisation_calls_per_step": runs[arm][0]["parametrisation_calls_per_step"],
             "optimizer_coordinate_maps": runs[arm][0]["optimizer_coordinate_maps"],
+            "basis_changes_per_process": runs[arm][0]["basis_changes_this_process"],
             "measured_steps": len(times),
         })
     base = rows[0]
@@ -269,7 +287,7 @@ def describe(args: BenchArgs, device: str) -> dict:
     c = teacher.config
     return {"teacher_hidden": c.hidden_size, "d_ff": c.intermediate_size, "layers": c.num_hidden_layers, "vocab": c.vocab_size,
             "student_hidden": args.student_hidden, "batch_size": args.batch_size, "micro_batches": args.micro_batches,
-            "seq_len": args.seq_len, "core_impl": args.core_impl, "loss_impl": args.loss_impl, "activation_checkpointing": args.activation_checkpointing,
+            "seq_len": args.seq_len, "processes": args.processes, "core_impl": args.core_impl, "loss_impl": args.loss_impl, "activation_checkpointing": args.activation_checkpointing,
             "threads": args.threads, "device": device, "recipe": args.recipe}
 
 
@@ -283,12 +301,13 @@ def write_csv(rows: list[dict], context: dict, path: Path) -> None:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'arm':<20}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}{'trainable':>12}{'p-calls':>9}{'o-maps':>8}"
+    head = f"{'arm':<20}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}{'trainable':>12}{'p-calls':>9}{'o-maps (own)':>14}"
     lines = [head]
     for r in rows:
         lines.append(f"{r['arm']:<20}{r['step_time_ms']:>10.1f}{r['step_time_iqr_ms']:>9.1f}{r['time_ratio_to_kd']:>7.2f}{r['step_cpu_ms']:>9.1f}{r['cpu_ratio_to_kd']:>7.2f}"
                      f"{r['peak_memory_mib']:>10.0f}{r['step_memory_mib']:>10.0f}{r['memory_ratio_to_kd']:>7.2f}"
-                     f"{r['trainable_params']:>12,}{r['parametrisation_calls_per_step']:>9.0f}{r['optimizer_coordinate_maps']:>8}")
+                     f"{r['trainable_params']:>12,}{r['parametrisation_calls_per_step']:>9.0f}"
+                     f"{str(r['optimizer_coordinate_maps']) + ' (' + str(r['basis_changes_per_process']) + ')':>14}")
     return "\n".join(lines)
 
 

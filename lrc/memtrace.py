@@ -73,6 +73,7 @@ class StepSpec:
     activation_checkpointing: bool = False  # each student decoder layer checkpointed (lrc.recompute), as the loop does
     steps: int = 2
     processes: int = 1  # DDP processes: core's basis changes (and bases) are divided between them
+    shard_optimizer: bool = False  # ... and, with it, AdamW's states (ZeRO stage 1, lrc.optim)
 
 
 def _module_to(self, *args, **kwargs):
@@ -229,11 +230,11 @@ def _prepared(spec: StepSpec):
     whichever mode is active)."""
     teacher, student, objective = _build(spec)
     targs = TrainArgs(batch_size=spec.micro_batch_size, micro_batch_size=spec.micro_batch_size, precision=spec.precision,
-                      warmup=0.0, progress=False, activation_checkpointing=spec.activation_checkpointing)
+                      warmup=0.0, progress=False, activation_checkpointing=spec.activation_checkpointing, shard_optimizer=spec.shard_optimizer)
     student.train()
     optimizer, scheduler = optimizer_and_schedule(student, targs, spec.steps)
     if spec.processes > 1 and hasattr(optimizer, "plan_share"):
-        optimizer.plan_share(spec.processes)  # rank 0's share of core's bases (lrc.optim)
+        optimizer.plan_share(spec.processes)  # rank 0's share of core's bases and, sharded, of the states (lrc.optim)
     run = Run(args=targs, accelerator=_TraceAccelerator(spec.precision), wrapped=student, bare=student, optimizer=optimizer,
               scheduler=scheduler, fsdp=False, mixed="bf16" if spec.precision == "bf16" else "no", steps=spec.steps, accum=1,
               seq_len=spec.seq_len, n_rows=1, ckpt_dir=Path("."), fingerprint={})

@@ -9,8 +9,10 @@ with its breakdown. ``--memory-gib`` (default 80) is the card: the largest micro
 traced peak fits it (less ``--reserve-gib``) is found by tracing (the peak is affine in the
 micro-batch: two traces give the line, a third checks the answer).
 
-DDP holds per GPU what one process holds (the gradients are DDP's buckets,
-``gradient_as_bucket_view``). FSDP is *estimated* from the same trace, not traced: student
+DDP holds per GPU what one process holds, plus its all-reduce buckets: every gradient, for
+the whole run (the gradients are views into them, ``gradient_as_bucket_view``), so the
+gradients count in full even where the one-process trace has none alive; with
+``--shard-optimizer`` the optimiser states are rank 0's share (:mod:`lrc.optim`). FSDP is *estimated* from the same trace, not traced: student
 weights, gradients and optimiser states divided by the number of GPUs, plus one gathered
 group (the largest of a decoder layer's or the embedding's trainable tensors, and its
 gradient); the teacher (whose weights the student reads, never copied) and core's basis buffers stay replicated
@@ -59,6 +61,7 @@ class PlanArgs:
     max_micro_batch: int = field(default=64, metadata={"help": "upper bound of the micro-batch search"})
     recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe"})
     core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={"help": "core/randcomp: where the basis change runs (as lrc distill)"})
+    shard_optimizer: bool | None = field(default=None, metadata={"help": "DDP: AdamW's states divided between the GPUs, as lrc distill --shard-optimizer (default: the config's distill setting, else off)"})
     activation_checkpointing: bool | None = field(default=None, metadata={"help": "trace with each student decoder layer checkpointed, as lrc distill --activation-checkpointing (default: the config's distill setting, else off)"})
     loss_impl: Literal["fused", "reference"] | None = field(default=None, metadata={"help": "CE + KL as lrc distill --loss-impl (default: the config's, else fused)"})
     layers: int = field(default=0, metadata={"help": "trace a teacher with this many decoder layers (0: the config's)"})
@@ -78,6 +81,7 @@ class Setting:
     sharding: str
     activation_checkpointing: bool = False
     loss_impl: str = "fused"
+    shard_optimizer: bool = False
 
 
 def _experiment(args: PlanArgs) -> tuple[str, dict]:
@@ -124,6 +128,7 @@ def _from_config(args: PlanArgs) -> dict:
         "gpus": _dig(exp, "resources", "distill", "gpu"),
         "sharding": "fsdp" if "fsdp" in Path(accelerate).name else None,
         "activation_checkpointing": train.get("activation_checkpointing"),
+        "shard_optimizer": train.get("shard_optimizer"),
         "loss_impl": train.get("loss_impl", _dig(exp, "loss", args.recipe, "loss_impl")),
     }
 
@@ -131,9 +136,11 @@ def _from_config(args: PlanArgs) -> dict:
 def resolve(args: PlanArgs) -> Setting:
     """Options first, then the config, then defaults; a missing or bad value names its option."""
     known = _from_config(args)
-    defaults = {"precision": "bf16", "gpus": 1, "sharding": "ddp", "activation_checkpointing": False, "loss_impl": "fused"}
+    defaults = {"precision": "bf16", "gpus": 1, "sharding": "ddp", "activation_checkpointing": False, "loss_impl": "fused",
+                "shard_optimizer": False}
     values = {}
-    for name in ("teacher_config", "student_hidden", "micro_batch_size", "seq_len", "precision", "gpus", "sharding", "activation_checkpointing", "loss_impl"):
+    for name in ("teacher_config", "student_hidden", "micro_batch_size", "seq_len", "precision", "gpus", "sharding", "activation_checkpointing", "loss_impl",
+                 "shard_optimizer"):
         value = getattr(args, name)
         value = known.get(name) if value is None else value
         value = defaults.get(name) if value is None else value
@@ -146,8 +153,11 @@ def resolve(args: PlanArgs) -> Setting:
     check_choice("--precision", values["precision"], ("fp32", "bf16"))
     check_choice("--sharding", values["sharding"], ("ddp", "fsdp"))
     check_choice("--loss-impl", values["loss_impl"], LOSS_IMPLS)
-    if not isinstance(values["activation_checkpointing"], bool):
-        raise LRCError(f"--activation-checkpointing is true or false, got {values['activation_checkpointing']!r}")
+    for name in ("activation_checkpointing", "shard_optimizer"):
+        if not isinstance(values[name], bool):
+            raise LRCError(f"--{name.replace('_', '-')} is true or false, got {values[name]!r}")
+    if values["shard_optimizer"] and values["sharding"] == "fsdp":
+        raise LRCError("--shard-optimizer is for DDP; FSDP2 shards the optimiser states itself (--sharding fsdp)")
     values["teacher_config"] = Path(values["teacher_config"])
     if not values["teacher_config"].is_file():
         raise LRCError(f"--teacher-config {values['teacher_config']}: no such file")
@@ -169,6 +179,11 @@ def check_args(args: PlanArgs) -> None:
 def per_gpu(trace: dict, setting: Setting) -> dict:
     """The traced one-process breakdown as one GPU of the run holds it (see the module doc)."""
     parts = dict(trace["parts"])
+    if setting.sharding == "ddp" and setting.gpus > 1:
+        # DDP's all-reduce buckets hold every gradient (fp32, as the weights) for the whole run:
+        # the gradients are views into them, and the buckets stay where the one-process trace
+        # has none alive (set_to_none), as at the end of the loss.
+        parts["gradients"] = max(parts["gradients"], parts["student_weights"])
     if setting.sharding == "fsdp" and setting.gpus > 1:
         gathered = trace["largest_group_bytes"]
         alive = {name: parts[name] > 0 for name in ("student_weights", "gradients")}
@@ -194,7 +209,7 @@ class Planner:
             spec = StepSpec(teacher_config=self.cfg, student_hidden=self.setting.student_hidden, arm=self.arm, micro_batch_size=micro_batch,
                             seq_len=self.setting.seq_len, precision=self.setting.precision, recipe=self.args.recipe, core_impl=self.args.core_impl,
                             loss_impl=self.setting.loss_impl, activation_checkpointing=self.setting.activation_checkpointing,
-                            processes=self.setting.gpus if self.setting.sharding == "ddp" else 1)
+                            shard_optimizer=self.setting.shard_optimizer, processes=self.setting.gpus if self.setting.sharding == "ddp" else 1)
             self._memo[micro_batch] = per_gpu(trace_step(spec), self.setting)
         return self._memo[micro_batch]
 
@@ -257,7 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = plan(args)
     s = result["setting"]
     print(f"teacher {s['teacher_config']}, r {s['student_hidden']}, seq {s['seq_len']}, {s['precision']}, "
-          f"{s['gpus']} GPU(s) {s['sharding']}" + (", activation checkpointing" if s["activation_checkpointing"] else "")
+          f"{s['gpus']} GPU(s) {s['sharding']}" + (", optimiser states sharded" if s["shard_optimizer"] else "")
+          + (", activation checkpointing" if s["activation_checkpointing"] else "")
           + (f", {s['layers']} layers traced" if s["layers"] else ""))
     print(format_table(result))
     if args.out is not None:

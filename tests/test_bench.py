@@ -76,3 +76,20 @@ def test_bench_with_activation_checkpointing_builds_each_weight_once_per_step(tm
     # the recompute in backward reuses the weights the forward built: still 16 per step, not 16 + 14
     assert float(rows["slice"]["parametrisation_calls_per_step"]) == 16
     assert rows["slice"]["activation_checkpointing"] == "True" and rows["slice"]["loss_impl"] == "reference"
+
+
+def test_bench_with_two_processes_divides_the_basis_changes(tmp_path):
+    """--processes 2: a DDP run (torchrun, gloo) per measurement; each process runs half of
+    core's 6 basis changes per step, and the step takes twice the sequences."""
+    from lrc.bench import main
+
+    cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True}
+    (tmp_path / "teacher.json").write_text(json.dumps(cfg))
+    out = tmp_path / "bench.csv"
+    assert main(["--teacher", str(tmp_path / "teacher.json"), "--student-hidden", "16", "--arms", "core", "--processes", "2",
+                 "--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--seq-len", "16", "--out", str(out)]) == 0
+    rows = {r["arm"]: r for r in csv.DictReader(out.open())}
+    assert (rows["core"]["optimizer_coordinate_maps"], rows["core"]["basis_changes_per_process"]) == ("6", "3")
+    assert rows["kd"]["basis_changes_per_process"] == "0" and rows["core"]["processes"] == "2"
+    assert float(rows["core"]["tokens_per_s"]) > 0

@@ -82,6 +82,24 @@ def test_fsdp_shards_the_trainable_state_and_keeps_the_teacher():
     assert out["parts"]["teacher"] == 1000 and out["peak"] == sum(out["parts"].values())
     ddp = per_gpu(trace, Setting(**{**setting.__dict__, "sharding": "ddp"}))
     assert ddp["parts"] == trace["parts"]
+    # at the end of the loss the one-process trace has no gradient alive; DDP's buckets hold them all
+    before_backward = {"parts": {**trace["parts"], "gradients": 0}}
+    assert per_gpu(before_backward, Setting(**{**setting.__dict__, "sharding": "ddp"}))["parts"]["gradients"] == 800
+    assert per_gpu(before_backward, Setting(**{**setting.__dict__, "sharding": "ddp", "gpus": 1}))["parts"]["gradients"] == 0
+
+
+@pytest.mark.parametrize("arm", ["dense", "core"])
+def test_sharded_optimizer_states_are_rank_zeros_share(arm, small_config):
+    """--shard-optimizer traces process 0 of 4 holding its quarter of the states (the
+    weights whole); the parameters are divided by size, so about a quarter of the bytes."""
+    values = {"teacher_config": load_model_config(small_config), "student_hidden": 128, "arm": arm, "micro_batch_size": 1, "seq_len": 64,
+              "precision": "fp32", "processes": 4}
+    whole, share = trace_step(StepSpec(**values)), trace_step(StepSpec(**values, shard_optimizer=True))
+    assert share["parts"]["student_weights"] == whole["parts"]["student_weights"]
+    ratio = share["parts"]["optimizer"] / whole["parts"]["optimizer"]
+    assert 0.2 < ratio < 0.35, ratio
+    with pytest.raises(LRCError, match="--shard-optimizer"):
+        resolve(PlanArgs(teacher_config=small_config, student_hidden=128, micro_batch_size=1, seq_len=64, sharding="fsdp", shard_optimizer=True))
 
 
 def test_a_paper_config_gives_its_distill_settings(tmp_path):
@@ -97,6 +115,7 @@ def test_a_paper_config_gives_its_distill_settings(tmp_path):
     assert setting.teacher_config == Path("config/teachers/llama3.2-3b.json")
     assert (setting.activation_checkpointing, setting.loss_impl) == (exp["distill"]["train"].get("activation_checkpointing", False), "fused")
     assert resolve(PlanArgs(workflow_config=path, activation_checkpointing=True)).activation_checkpointing is True
+    assert setting.shard_optimizer is exp["distill"]["train"].get("shard_optimizer", False)
 
 
 def test_the_command_prints_a_table_and_writes_json(small_config, tmp_path, capsys):
