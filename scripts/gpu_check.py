@@ -4,7 +4,9 @@ KD at Llama-3.2-3B widths, the CUDA `lrc svd`, a merge round trip; write a CSV a
 Everything goes through the package's commands (`lrc bench`, `lrc svd`, `lrc warmstart`,
 `lrc distill`, `lrc merge`), each a subprocess, so what is measured is what a run does.
 A time budget (``--budget-s``) is kept: a stage that the time left cannot hold (estimated from
-the stages already run) is skipped and its row says so.
+the stages already run) is skipped and its row says so. The stages every check needs (the
+2-layer bench, the svd, the round trip) are never skipped; past the budget each still gets
+120 s before it is killed, so a slow machine cannot turn them into budget skips.
 
 MFU: model FLOPs per trained token = 6 · (student matmul parameters) + 2 · (teacher matmul
 parameters) (forward+backward of the student, forward of the teacher; attention's
@@ -74,7 +76,7 @@ class Check:
         print(f"[gpu-check] {name}: lrc {' '.join(argv)}", flush=True)
         t = time.monotonic()
         log = self.out / f"{name}.log"
-        limit = max(10.0, timeout or self.left())
+        limit = max(10.0 if estimate else 120.0, timeout or self.left())  # (estimate 0: a stage every check needs)
         with open(log, "w") as fh:  # own session: a stage over the budget is killed with its workers
             proc = subprocess.Popen([sys.executable, "-m", "lrc.cli", *argv], stdout=fh, stderr=subprocess.STDOUT, env=self.env,
                                     start_new_session=True)
