@@ -190,7 +190,8 @@ class CoordinateAdamW(torch.optim.AdamW):
     def _enter(self):
         """Put each mapped parameter's coordinates (grad and state) in its place in the groups;
         with sharded states, hide the gradients of the parameters another process steps."""
-        if any(k not in {id(p) for p in self._params()} for k in self._maps):
+        listed = {id(p) for p in self._params()}
+        if any(k not in listed for k in self._maps):
             # e.g. accelerate's FSDP prepare swapped the parameters for sharded ones: the
             # mapped weights would silently train as dense ones.
             raise LRCError("CoordinateAdamW: the parameters with a coordinate map are no longer the optimised ones "

@@ -151,11 +151,9 @@ def _kill_job_after(cmd: list[str], ckpt_dir: Path, after_step: int, timeout: fl
         proc.wait(30)
 
 
-# Once, on the tied Llama: the sharded tie is the delicate part.
-@pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
-def test_fsdp2_killed_and_restarted_equals_uninterrupted(world, tmp_path):
-    steps = 40
-    cmd = lambda out: launch("-m", "lrc.cli", "distill", *distill_flags(world, out, "core", steps, "--checkpoint-every", "5", "--log-every", "5"))  # noqa: E731
+def killed_and_restarted_equals_uninterrupted(cmd, tmp_path: Path) -> dict:
+    """Run ``cmd(out)`` straight, and killed after step 5 then restarted: the restart resumed
+    from a checkpoint and ends bitwise equal (weights and losses). Returns the weights."""
     run(cmd(tmp_path / "straight"))
     _kill_job_after(cmd(tmp_path / "killed"), tmp_path / "killed.ckpt", after_step=5)
     assert not (tmp_path / "killed").exists() and not (tmp_path / "killed.ckpt" / ckpt.DONE_FILE).exists()
@@ -165,6 +163,15 @@ def test_fsdp2_killed_and_restarted_equals_uninterrupted(world, tmp_path):
     a, b = load_file(str(tmp_path / "straight" / "student.safetensors")), load_file(str(tmp_path / "killed" / "student.safetensors"))
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert losses(tmp_path / "straight") == losses(tmp_path / "killed")
+    return a
+
+
+# Once, on the tied Llama: the sharded tie is the delicate part.
+@pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
+def test_fsdp2_killed_and_restarted_equals_uninterrupted(world, tmp_path):
+    steps = 40
+    cmd = lambda out: launch("-m", "lrc.cli", "distill", *distill_flags(world, out, "core", steps, "--checkpoint-every", "5", "--log-every", "5"))  # noqa: E731
+    a = killed_and_restarted_equals_uninterrupted(cmd, tmp_path)
     (tmp_path / "killed").rename(tmp_path / "killed.first")
     run(cmd(tmp_path / "killed"))  # the finished checkpoint directory: nothing retrained, same weights
     assert json.loads((tmp_path / "killed" / "settings.json").read_text())["training"]["already_done"] is True

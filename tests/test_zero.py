@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from lrc import checkpoint as ckpt
 from tests.test_fsdp import ENV, REPO, compare, distill_flags, losses, world  # noqa: F401  (world: the fixture)
-from tests.test_fsdp import _kill_job_after
+from tests.test_fsdp import killed_and_restarted_equals_uninterrupted
 from tests.test_fsdp import launch as fsdp_launch
 from tests.test_fsdp import run as run_ok
 
@@ -71,15 +71,7 @@ def test_sharded_states_two_processes_follow_one_process(world, tmp_path, arm):
 def test_sharded_states_killed_and_restarted_equals_uninterrupted(world, tmp_path):
     steps = 40
     cmd = lambda out: launch("-m", "lrc.cli", "distill", *zero_flags(world, out, "core", steps, "--checkpoint-every", "5", "--log-every", "5"))  # noqa: E731
-    run_ok(cmd(tmp_path / "straight"))
-    _kill_job_after(cmd(tmp_path / "killed"), tmp_path / "killed.ckpt", after_step=5)
-    assert not (tmp_path / "killed").exists()
-    run_ok(cmd(tmp_path / "killed"))
-    settings = json.loads((tmp_path / "killed" / "settings.json").read_text())["training"]
-    assert settings["resumed_from"] and int(Path(settings["resumed_from"]).name.split("-")[1]) >= 5
-    a, b = load_file(str(tmp_path / "straight" / "student.safetensors")), load_file(str(tmp_path / "killed" / "student.safetensors"))
-    assert all(torch.equal(a[n], b[n]) for n in a)
-    assert losses(tmp_path / "straight") == losses(tmp_path / "killed")
+    killed_and_restarted_equals_uninterrupted(cmd, tmp_path)
 
 
 @pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
