@@ -79,6 +79,7 @@ class BenchArgs:
     core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={"help": "core/randcomp: basis change in the optimiser step or a parametrisation (lrc.reach.apply_arm)"})
     loss_impl: Literal["fused", "reference"] = field(default="fused", metadata={"help": "CE + KL: fused = chunked from hidden states (lrc.fused_loss), reference = on the [B, L, V] logits"})
     activation_checkpointing: bool = field(default=False, metadata={"help": "checkpoint each decoder layer of every student, kd's too (lrc.recompute)"})
+    recompute_teacher: bool = field(default=False, metadata={"help": "with --activation-checkpointing: rerun the teacher's layers inside the student's (lrc distill --recompute-teacher)"})
     seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
     steps: int = field(default=10, metadata={"help": "measured steps per run"})
     warmup_steps: int = field(default=3, metadata={"help": "steps run first and not measured"})
@@ -178,7 +179,8 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     data = RandomRows(per_step * total_steps, args.seq_len, teacher.config.vocab_size, args.seed)
     targs = TrainArgs(tokens=total_steps * per_step * args.seq_len, batch_size=per_step, micro_batch_size=args.batch_size,
                       lr=1e-4, warmup=0.0, log_every=1, threads=args.threads, precision=args.precision, seed=args.seed,
-                      progress=False, ckpt_dir=work / "ckpt", activation_checkpointing=args.activation_checkpointing)
+                      progress=False, ckpt_dir=work / "ckpt", activation_checkpointing=args.activation_checkpointing,
+                      recompute_teacher=args.recompute_teacher)
     summary = train(objective, student, data, targs, work / "out")
     on_gpu = torch.device(summary["device"]).type == "cuda"
     records = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
@@ -288,6 +290,7 @@ def describe(args: BenchArgs, device: str) -> dict:
     return {"teacher_hidden": c.hidden_size, "d_ff": c.intermediate_size, "layers": c.num_hidden_layers, "vocab": c.vocab_size,
             "student_hidden": args.student_hidden, "batch_size": args.batch_size, "micro_batches": args.micro_batches,
             "seq_len": args.seq_len, "processes": args.processes, "core_impl": args.core_impl, "loss_impl": args.loss_impl, "activation_checkpointing": args.activation_checkpointing,
+            "recompute_teacher": args.recompute_teacher,
             "threads": args.threads, "device": device, "recipe": args.recipe}
 
 

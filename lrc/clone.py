@@ -30,7 +30,15 @@ also keeps the teacher MLP output when P_down trains (`slice`).
 Under activation checkpointing (:mod:`lrc.recompute`) a term is computed in the layer's
 original forward only (the hooks are off when backward reruns the layer) and keeps that
 tensor outside the checkpoint (:func:`saved_as_is`): added once, and no teacher capture
-waits for the backward.
+waits for the backward. Those tensors and the captures waiting for the student together
+hold every term's width per token and layer (40,288 values at Llama-3.1-8B's widths and
+r 1376, about 15 GiB at micro-batch 3, docs/planner.md). ``--recompute-teacher`` (a train
+option, with checkpointing) keeps instead the teacher layers' inputs (width H: their calls,
+recorded by pre-hooks in the teacher's forward), and the first term of a student layer
+reruns the teacher's layer on its input; the terms are then computed inside the
+checkpoint, so the recompute reruns the teacher's layer and the terms too (the call's last
+use), and their saved tensors live one layer at a time. The values are bitwise the same;
+the cost is two more forwards of the teacher's layers per micro-batch.
 
 ``clone_norm: teacher_ms`` divides each layer's MSE by its target's mean square (detached):
 on a real teacher the raw terms span orders of magnitude across terms and layers (massive
@@ -46,6 +54,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from lrc import recompute
 from lrc.errors import LRCError
 from lrc.fused_loss import LOSS_IMPLS, fused_ce_kl, head_weight, hidden_and_head
 from lrc.losses import kl_divergence, kl_position_mask, next_token_ce
@@ -93,12 +102,21 @@ class RecipeArgs:
 
 
 class _Capture:
-    """Forward hooks on the teacher that record module outputs into a dict while active."""
+    """Forward hooks on the teacher that record module outputs into a dict while ``active``,
+    and (``recompute_teacher``) each clone layer's call, its inputs, while ``keep_calls``."""
 
     def __init__(self):
         self.store: dict[tuple[int, str], torch.Tensor] = {}
-        self.active = False
+        self.calls: dict[int, tuple] = {}
+        self.active = self.keep_calls = False
         self.handles = []
+
+    def call(self, layer, i):
+        def hook(_mod, args, kwargs):
+            if self.keep_calls:
+                self.calls[i] = (args, kwargs)
+
+        self.handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
 
     def output(self, module, key):
         def hook(_mod, _args, out):
@@ -121,6 +139,7 @@ def _hook_teacher(cap: _Capture, model, layers, terms) -> None:
                    "gate": mlp.gate_proj, "up": mlp.up_proj, "mlp_out": mlp}
         for t in terms:
             cap.output(modules[t], (i, t))
+        cap.call(model.model.layers[i], i)
 
 
 class _SquaredErrorSum(torch.autograd.Function):
@@ -173,9 +192,14 @@ class _StudentTerms:
     detached mean square under ``clone_norm: teacher_ms``); ``raw`` and ``target_ms``: the
     plain MSE and the target's mean square, detached (diagnostics)."""
 
-    def __init__(self, teacher, norm: str):
+    def __init__(self, teacher, norm: str, rerun_teacher_layer):
         self.teacher, self.norm = teacher, norm
         self.teacher_acts: dict = {}
+        # recompute_teacher: each teacher layer's call, kept from the teacher's forward until the
+        # student layer's recompute, and the function that reruns it (-> that layer's captures)
+        self.interleaved = False
+        self.calls: dict = {}
+        self.rerun_teacher_layer = rerun_teacher_layer
         self.values: dict = {}
         self.raw: dict = {}
         self.target_ms: dict = {}
@@ -184,24 +208,40 @@ class _StudentTerms:
         self.layers = None  # the student's decoder layers (is one checkpointed?)
 
     def _kept(self, key):
-        return _kept_outside_checkpoint(self.layers[key[0]])
+        # recompute_teacher: what a term saves is dropped by the checkpoint and recomputed with the layer
+        return contextlib.nullcontext() if self.interleaved else _kept_outside_checkpoint(self.layers[key[0]])
+
+    def _live(self, key):
+        """In the student's forward, or (recompute_teacher) in the recompute of a layer whose terms
+        were computed in it: the recompute reruns a term's ops to rebuild what its backward saved."""
+        return self.active or key[0] in self.calls or key in self.teacher_acts
+
+    def _target(self, key):
+        """The teacher's side of ``key``, popped. Under recompute_teacher the teacher's layer
+        runs here, at the first term of the student's layer, in its forward and its recompute
+        (the last use of the layer's call)."""
+        if key not in self.teacher_acts and key[0] in self.calls:
+            call = self.calls[key[0]] if self.active else self.calls.pop(key[0])
+            self.teacher_acts.update(self.rerun_teacher_layer(key[0], call))
+        return self.teacher_acts.pop(key)
 
     def clear(self):
-        for d in (self.teacher_acts, self.values, self.raw, self.target_ms):
+        for d in (self.teacher_acts, self.calls, self.values, self.raw, self.target_ms):
             d.clear()
 
     def _record(self, key, s, t):
         mse = _SquaredErrorSum.apply(s, t) / s.numel()
         ms = t.detach().float().square().mean()
-        self.raw[key], self.target_ms[key] = mse.detach(), ms
         # teacher_ms: a relative error, whatever the layer's activation scale (docs/method.md, "Clone-term scale")
-        self.values[key] = mse / ms.clamp_min(torch.finfo(torch.float32).tiny) if self.norm == "teacher_ms" else mse
+        value = mse / ms.clamp_min(torch.finfo(torch.float32).tiny) if self.norm == "teacher_ms" else mse
+        if self.active:  # a recompute only rebuilds what backward saved
+            self.raw[key], self.target_ms[key], self.values[key] = mse.detach(), ms, value
 
     def output(self, module, key):
         def hook(_mod, _args, out):
-            if self.active:
+            if self._live(key):
                 with self._kept(key):
-                    self._record(key, out, self.teacher_acts.pop(key))
+                    self._record(key, out, self._target(key))
 
         self.handles.append(module.register_forward_hook(hook))
 
@@ -210,9 +250,9 @@ class _StudentTerms:
         w_o = self.teacher.model.layers[key[0]].self_attn.o_proj.weight
 
         def hook(_mod, args):
-            if self.active:
+            if self._live(key):
                 with self._kept(key):
-                    self._record(key, F.linear(args[0], w_o.to(args[0].dtype)), self.teacher_acts.pop(key))
+                    self._record(key, F.linear(args[0], w_o.to(args[0].dtype)), self._target(key))
 
         self.handles.append(o_proj.register_forward_pre_hook(hook))
 
@@ -221,9 +261,9 @@ class _StudentTerms:
         layer's forward: under FSDP2 the layer's parameters are gathered only then, and P_down
         is the live (sharded) factor in `slice`."""
         def hook(_mod, _args, out):
-            if self.active:
+            if self._live(key):
                 p_down = down_clone_map(mlp)
-                t = self.teacher_acts.pop(key).to(p_down.dtype)
+                t = self._target(key).to(p_down.dtype)
                 # F.linear saves its input when P_down trains; an inference tensor cannot be saved.
                 t = t.clone() if p_down.requires_grad and t.is_inference() else t
                 with self._kept(key):
@@ -271,7 +311,7 @@ class CloneObjective:
         self.layers = layers
         self.terms = list(recipe.clone_terms)
         self._t = _Capture()
-        self._s = _StudentTerms(teacher, recipe.clone_norm)
+        self._s = _StudentTerms(teacher, recipe.clone_norm, self._teacher_layer)
         if self.terms:
             _hook_teacher(self._t, teacher, layers, self.terms)
             self._s.hook(student, layers, self.terms)
@@ -286,11 +326,13 @@ class CloneObjective:
         ``mse`` (unnormalised) and ``target_ms`` (the target's mean square)."""
         return {"value": {k: v.detach() for k, v in self._s.values.items()}, "mse": dict(self._s.raw), "target_ms": dict(self._s.target_ms)}
 
-    def _teacher_forward(self, input_ids):
+    def _teacher_forward(self, input_ids, keep_calls: bool = False):
         """The teacher's logits (reference) or final hidden states (fused: the body only, no
-        head; the fused loss reads them under no_grad, so they stay inference tensors)."""
+        head; the fused loss reads them under no_grad, so they stay inference tensors), with
+        its captures, or (``keep_calls``, recompute_teacher) its clone layers' calls instead."""
         self._t.store.clear()
-        self._t.active = True
+        self._t.calls.clear()
+        self._t.active, self._t.keep_calls = not keep_calls, keep_calls
         try:
             with torch.inference_mode():
                 if self.loss_impl == "fused":
@@ -298,12 +340,26 @@ class CloneObjective:
                 else:
                     out = self.teacher(input_ids=input_ids, use_cache=False).logits
         finally:
-            self._t.active = False
+            self._t.active = self._t.keep_calls = False
         # Kept as inference tensors: the clone terms never save them (_SquaredErrorSum), and
         # the one that may (mlp_out's target in `slice`) clones its own.
+        acts, calls = dict(self._t.store), dict(self._t.calls)
+        self._t.store.clear()
+        self._t.calls.clear()
+        return (out.clone() if self.loss_impl == "reference" else out), acts, calls
+
+    def _teacher_layer(self, i, call):
+        """recompute_teacher: teacher layer ``i`` run again on its kept call -> its captures."""
+        args, kwargs = call
+        self._t.active = True
+        try:
+            with torch.inference_mode():
+                self.teacher.model.layers[i](*args, **kwargs)
+        finally:
+            self._t.active = False
         acts = dict(self._t.store)
         self._t.store.clear()
-        return (out.clone() if self.loss_impl == "reference" else out), acts
+        return acts
 
     def _student_forward(self, model, input_ids):
         """The student's logits (reference) or final hidden states (fused), through ``model``."""
@@ -336,10 +392,14 @@ class CloneObjective:
         if loss_mask is not None:
             loss_mask = loss_mask.to(device=input_ids.device, dtype=torch.bool)
         r = self.recipe
-        t_out, t_acts = self._teacher_forward(input_ids)
+        # recompute_teacher: only while the student's layers run checkpointed (lrc.recompute's condition)
+        rerun = bool(self.terms) and recompute.reruns_teacher(model) and self.student.training and torch.is_grad_enabled()
+        t_out, t_acts, calls = self._teacher_forward(input_ids, keep_calls=rerun)
         self._s.clear()
+        self._s.interleaved = rerun
         self._s.teacher_acts.update(t_acts)
-        del t_acts  # each capture is freed once its term is computed, in the student's forward
+        self._s.calls.update(calls)
+        del t_acts, calls  # each capture is freed once its term is computed, in the student's forward
         try:
             s_out = self._student_forward(model, input_ids)
         finally:

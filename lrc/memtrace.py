@@ -71,6 +71,7 @@ class StepSpec:
     core_impl: str = "optimizer"
     loss_impl: str = "fused"
     activation_checkpointing: bool = False  # each student decoder layer checkpointed (lrc.recompute), as the loop does
+    recompute_teacher: bool = False  # ... with the teacher's layers rerun inside the student's (lrc.clone)
     steps: int = 2
     processes: int = 1  # DDP processes: core's basis changes (and bases) are divided between them
     shard_optimizer: bool = False  # ... and, with it, AdamW's states (ZeRO stage 1, lrc.optim)
@@ -214,7 +215,7 @@ def _build(spec: StepSpec):
     apply_arm(student, teacher, spec.arm, bases=bases, core_impl=spec.core_impl)
     objective = CloneObjective(teacher, student, RecipeArgs(recipe=spec.recipe, loss_impl=spec.loss_impl))
     if spec.activation_checkpointing:
-        recompute.enable(student)  # what lrc.train.setup does; train_step opens recompute.micro_batch
+        recompute.enable(student, teacher=spec.recompute_teacher)  # what lrc.train.setup does; train_step opens recompute.micro_batch
     if spec.precision == "bf16":
         teacher.to(dtype=torch.bfloat16)  # lrc.train.place_teacher's cast on a GPU
     return teacher, student, objective
@@ -230,7 +231,8 @@ def _prepared(spec: StepSpec):
     whichever mode is active)."""
     teacher, student, objective = _build(spec)
     targs = TrainArgs(batch_size=spec.micro_batch_size, micro_batch_size=spec.micro_batch_size, precision=spec.precision,
-                      warmup=0.0, progress=False, activation_checkpointing=spec.activation_checkpointing, shard_optimizer=spec.shard_optimizer)
+                      warmup=0.0, progress=False, activation_checkpointing=spec.activation_checkpointing,
+                      recompute_teacher=spec.recompute_teacher, shard_optimizer=spec.shard_optimizer)
     student.train()
     optimizer, scheduler = optimizer_and_schedule(student, targs, spec.steps)
     if spec.processes > 1 and hasattr(optimizer, "plan_share"):

@@ -63,6 +63,7 @@ class PlanArgs:
     core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={"help": "core/randcomp: where the basis change runs (as lrc distill)"})
     shard_optimizer: bool | None = field(default=None, metadata={"help": "DDP: AdamW's states divided between the GPUs, as lrc distill --shard-optimizer (default: the config's distill setting, else off)"})
     activation_checkpointing: bool | None = field(default=None, metadata={"help": "trace with each student decoder layer checkpointed, as lrc distill --activation-checkpointing (default: the config's distill setting, else off)"})
+    recompute_teacher: bool | None = field(default=None, metadata={"help": "with checkpointing: the teacher's layers rerun inside the student's, as lrc distill --recompute-teacher (default: the config's distill setting, else off)"})
     loss_impl: Literal["fused", "reference"] | None = field(default=None, metadata={"help": "CE + KL as lrc distill --loss-impl (default: the config's, else fused)"})
     layers: int = field(default=0, metadata={"help": "trace a teacher with this many decoder layers (0: the config's)"})
     out: Path | None = field(default=None, metadata={"help": "also write the plan as JSON here"})
@@ -80,6 +81,7 @@ class Setting:
     gpus: int
     sharding: str
     activation_checkpointing: bool = False
+    recompute_teacher: bool = False
     loss_impl: str = "fused"
     shard_optimizer: bool = False
 
@@ -128,6 +130,7 @@ def _from_config(args: PlanArgs) -> dict:
         "gpus": _dig(exp, "resources", "distill", "gpu"),
         "sharding": "fsdp" if "fsdp" in Path(accelerate).name else None,
         "activation_checkpointing": train.get("activation_checkpointing"),
+        "recompute_teacher": train.get("recompute_teacher"),
         "shard_optimizer": train.get("shard_optimizer"),
         "loss_impl": train.get("loss_impl", _dig(exp, "loss", args.recipe, "loss_impl")),
     }
@@ -137,10 +140,10 @@ def resolve(args: PlanArgs) -> Setting:
     """Options first, then the config, then defaults; a missing or bad value names its option."""
     known = _from_config(args)
     defaults = {"precision": "bf16", "gpus": 1, "sharding": "ddp", "activation_checkpointing": False, "loss_impl": "fused",
-                "shard_optimizer": False}
+                "shard_optimizer": False, "recompute_teacher": False}
     values = {}
     for name in ("teacher_config", "student_hidden", "micro_batch_size", "seq_len", "precision", "gpus", "sharding", "activation_checkpointing", "loss_impl",
-                 "shard_optimizer"):
+                 "shard_optimizer", "recompute_teacher"):
         value = getattr(args, name)
         value = known.get(name) if value is None else value
         value = defaults.get(name) if value is None else value
@@ -153,9 +156,11 @@ def resolve(args: PlanArgs) -> Setting:
     check_choice("--precision", values["precision"], ("fp32", "bf16"))
     check_choice("--sharding", values["sharding"], ("ddp", "fsdp"))
     check_choice("--loss-impl", values["loss_impl"], LOSS_IMPLS)
-    for name in ("activation_checkpointing", "shard_optimizer"):
+    for name in ("activation_checkpointing", "shard_optimizer", "recompute_teacher"):
         if not isinstance(values[name], bool):
             raise LRCError(f"--{name.replace('_', '-')} is true or false, got {values[name]!r}")
+    if values["recompute_teacher"] and not values["activation_checkpointing"]:
+        raise LRCError("--recompute-teacher needs --activation-checkpointing (as lrc distill)")
     if values["shard_optimizer"] and values["sharding"] == "fsdp":
         raise LRCError("--shard-optimizer is for DDP; FSDP2 shards the optimiser states itself (--sharding fsdp)")
     values["teacher_config"] = Path(values["teacher_config"])
@@ -209,6 +214,7 @@ class Planner:
             spec = StepSpec(teacher_config=self.cfg, student_hidden=self.setting.student_hidden, arm=self.arm, micro_batch_size=micro_batch,
                             seq_len=self.setting.seq_len, precision=self.setting.precision, recipe=self.args.recipe, core_impl=self.args.core_impl,
                             loss_impl=self.setting.loss_impl, activation_checkpointing=self.setting.activation_checkpointing,
+                            recompute_teacher=self.setting.recompute_teacher,
                             shard_optimizer=self.setting.shard_optimizer, processes=self.setting.gpus if self.setting.sharding == "ddp" else 1)
             self._memo[micro_batch] = per_gpu(trace_step(spec), self.setting)
         return self._memo[micro_batch]
@@ -274,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"teacher {s['teacher_config']}, r {s['student_hidden']}, seq {s['seq_len']}, {s['precision']}, "
           f"{s['gpus']} GPU(s) {s['sharding']}" + (", optimiser states sharded" if s["shard_optimizer"] else "")
           + (", activation checkpointing" if s["activation_checkpointing"] else "")
+          + (" with the teacher recomputed" if s["recompute_teacher"] else "")
           + (f", {s['layers']} layers traced" if s["layers"] else ""))
     print(format_table(result))
     if args.out is not None:

@@ -111,6 +111,7 @@ class TrainArgs:
     tensorboard: bool = field(default=False, metadata={"help": "also log to TensorBoard under <ckpt_dir>/tb (needs the tensorboard package)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     activation_checkpointing: bool = field(default=False, metadata={"help": "checkpoint each decoder layer of the trained model: its activations are recomputed in backward (less memory, one more forward of the layers, the same trajectory; lrc.recompute)"})
+    recompute_teacher: bool = field(default=False, metadata={"help": "with --activation-checkpointing, lrc recipe: keep only each teacher layer's input and rerun the teacher's layer inside the student's checkpointed one, so the clone terms' activations live one layer at a time (one more teacher forward, the same trajectory; lrc.clone)"})
     shard_optimizer: bool = field(default=False, metadata={"help": "DDP: each process keeps AdamW's states for its share of the parameters only, and broadcasts their new values (ZeRO stage 1; the same trajectory and checkpoints; lrc.optim)"})
 
     def __post_init__(self) -> None:
@@ -123,6 +124,8 @@ class TrainArgs:
         check_choice("--schedule", self.schedule, SCHEDULES)
         check_choice("--precision", self.precision, PRECISIONS)
         check_choice("--keep-checkpoints", self.keep_checkpoints, ckpt.RETENTIONS)
+        if self.recompute_teacher and not self.activation_checkpointing:
+            raise LRCError("--recompute-teacher (train.recompute_teacher) reruns the teacher inside the student's checkpointed layers: it needs --activation-checkpointing")
         if not 0.0 <= self.warmup < 1.0:
             raise LRCError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
         if len(self.betas) != 2:
@@ -264,10 +267,8 @@ def _optimizer(model: torch.nn.Module, args: TrainArgs, steps: int):
 
 def place_teacher(objective: Objective, accelerator: Accelerator, mixed: str) -> None:
     """Move the objective's frozen teacher to the device (bf16 under GPU mixed precision).
-
     Replicated and never wrapped: it has no gradients to shard or synchronise. The objective
-    froze it already (:func:`lrc.hf.freeze_teacher`); the loop only places it.
-    """
+    froze it already (:func:`lrc.hf.freeze_teacher`); the loop only places it."""
     teacher = getattr(objective, "teacher", None)
     if isinstance(teacher, torch.nn.Module):
         teacher.to(accelerator.device, dtype=torch.bfloat16 if (mixed == "bf16" and accelerator.device.type == "cuda") else None)
@@ -283,10 +284,8 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     accelerator, mixed = _accelerator(args)
     P = accelerator.num_processes
     if args.batch_size % (args.micro_batch_size * P):
-        raise LRCError(
-            f"--batch-size {args.batch_size} must be a multiple of --micro-batch-size {args.micro_batch_size} "
-            f"times the number of processes {P}"
-        )
+        raise LRCError(f"--batch-size {args.batch_size} must be a multiple of --micro-batch-size {args.micro_batch_size} "
+                       f"times the number of processes {P}")
     if 0 < args.tokens < args.batch_size * seq_len:
         accelerator.print(f"warning: --tokens {args.tokens} is less than one step ({args.batch_size} x {seq_len} tokens); no step is taken")
     if accelerator.device.type == "cuda":
@@ -298,7 +297,7 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     # FSDP2 and a tied student: one group for the shared factor, before the optimiser holds it.
     tied = accelerator.is_fsdp2 and sharding.before_prepare(model, accelerator)
     if args.activation_checkpointing:
-        recompute.enable(model)  # before prepare: FSDP2's layer hooks then run outside the recompute too
+        recompute.enable(model, teacher=args.recompute_teacher)  # before prepare: FSDP2's layer hooks then run outside the recompute too
     optimizer, scheduler = _optimizer(model, args, steps)
     place_teacher(objective, accelerator, mixed)
     model.train()

@@ -1,0 +1,166 @@
+"""``--recompute-teacher`` (:mod:`lrc.clone`): with the student's layers checkpointed, the
+teacher keeps only each layer's input and its layer reruns inside the student's, in the
+forward and in the recompute. The loss, every term and every gradient are bitwise those of
+plain checkpointing; the teacher's layers run three times; the clone terms' activations
+shrink to one teacher-width input per layer."""
+
+from __future__ import annotations
+
+
+import json
+
+import pytest
+import torch
+
+from lrc import recompute
+from lrc.clone import CloneObjective, RecipeArgs
+from lrc.errors import LRCError
+from lrc.hf import trainable_parameters
+from lrc.memtrace import StepSpec, trace_step
+from lrc.train import TrainArgs, train
+from tests.helpers import SEQ, RandomTokens, make_teacher
+from tests.test_fsdp import world  # noqa: F401 (the fixture)
+from tests.test_recompute import ARMS, _batch, _student
+
+
+def _loss_and_grads(student, objective, rerun_teacher):
+    recompute.enable(student, teacher=rerun_teacher)
+    student.zero_grad(set_to_none=True)
+    with recompute.micro_batch(student):
+        total, terms = objective.loss(_batch(), model=student)
+        total.backward()
+    grads = {n: p.grad.clone() for n, p in trainable_parameters(student)}
+    return total.detach(), terms, grads
+
+
+def _teacher_layer_runs(teacher):
+    runs = [0]
+    handles = [layer.input_layernorm.register_forward_hook(lambda *_: runs.__setitem__(0, runs[0] + 1)) for layer in teacher.model.layers]
+    return runs, handles
+
+
+def _assert_same(a, b):
+    (total_a, terms_a, grads_a), (total_b, terms_b, grads_b) = a, b
+    assert torch.equal(total_a, total_b), (total_a, total_b)
+    assert terms_a.keys() == terms_b.keys() and all(torch.equal(terms_a[k], terms_b[k]) for k in terms_a)
+    assert grads_a.keys() == grads_b.keys() and all(g.abs().sum() > 0 for g in grads_a.values())
+    for name, g in grads_a.items():
+        assert torch.equal(grads_b[name], g), name
+
+
+@pytest.mark.parametrize("arm,core_impl", ARMS)
+@pytest.mark.parametrize("recipe", [dict(), dict(clone_norm="teacher_ms", loss_impl="reference"),
+                                    dict(clone_terms=["gate", "up", "mlp_out"], clone_layers=[1])])
+def test_the_same_loss_terms_and_gradients_as_plain_checkpointing(arm, core_impl, recipe):
+    teacher, student = _student("llama-tied", arm, core_impl)
+    objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0, **recipe))
+    plain = _loss_and_grads(student, objective, False)
+    runs, handles = _teacher_layer_runs(teacher)
+    rerun = _loss_and_grads(student, objective, True)
+    for h in handles:
+        h.remove()
+    _assert_same(plain, rerun)
+    n_layers, clone_layers = len(teacher.model.layers), len(objective.layers)
+    # every layer in the teacher's forward, each clone layer again in the student's forward and in its recompute
+    assert runs[0] == n_layers + 2 * clone_layers
+    assert not objective._s.calls and not objective._s.teacher_acts  # nothing of the teacher outlives the backward
+    assert objective.layer_terms()["mse"].keys() == {(i, t) for i in objective.layers for t in objective.terms}
+    recompute.disable(student)
+
+
+def test_under_bf16_autocast_too():
+    teacher, student = _student("qwen2-untied", "core", "parametrized")
+    objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _assert_same(_loss_and_grads(student, objective, False), _loss_and_grads(student, objective, True))
+
+
+def test_without_gradients_or_clone_terms_the_teacher_runs_once():
+    """Evaluation (no gradients) and the kl recipe take the plain path: nothing to recompute."""
+    teacher, student = _student("llama-tied", "dense")
+    recompute.enable(student, teacher=True)
+    for recipe, grad in ((RecipeArgs(temperature=2.0), False), (RecipeArgs(recipe="kl", temperature=2.0), True)):
+        objective = CloneObjective(teacher, student, recipe)
+        runs, handles = _teacher_layer_runs(teacher)
+        with torch.set_grad_enabled(grad), recompute.micro_batch(student):
+            total, _ = objective.loss(_batch(), model=student)
+            if grad:
+                total.backward()
+        for h in handles:
+            h.remove()
+        assert runs[0] == len(teacher.model.layers) and not objective._s.calls
+        objective.close()
+
+
+def _clone_widths(cfg, r: int) -> int:
+    head = cfg.hidden_size // cfg.num_attention_heads
+    q, kv = cfg.num_attention_heads * head, cfg.num_key_value_heads * head
+    return q + 2 * kv + cfg.hidden_size + 2 * cfg.intermediate_size + r  # q, k, v, attn_out, gate, up, mlp_out
+
+
+def test_the_traced_step_keeps_one_teacher_input_per_layer_instead_of_the_terms():
+    cfg = make_teacher("llama-tied", vocab_size=4000).config
+    cfg.num_hidden_layers = 4
+    spec = dict(teacher_config=cfg, student_hidden=16, arm="core", micro_batch_size=2, seq_len=64, precision="fp32", activation_checkpointing=True)
+    plain, rerun = trace_step(StepSpec(**spec)), trace_step(StepSpec(**spec, recompute_teacher=True))
+    tokens_layers_bytes = 2 * 64 * cfg.num_hidden_layers * 4
+    expected = tokens_layers_bytes * (_clone_widths(cfg, 16) - cfg.hidden_size)  # the terms' s - t, less the kept inputs
+    saved = plain["parts"]["activations"] - rerun["parts"]["activations"]
+    assert abs(saved - expected) <= 0.05 * expected, (saved, expected)
+    assert rerun["peak"] < plain["peak"]
+    for part in ("student_weights", "teacher", "optimizer"):
+        assert rerun["parts"][part] == plain["parts"][part]
+
+
+def _train(out, arm, rerun_teacher, steps=4):
+    teacher, student = _student("llama-tied", arm, "optimizer" if arm == "core" else None)
+    objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
+    args = TrainArgs(tokens=steps * 4 * SEQ, batch_size=4, micro_batch_size=2, lr=3e-3, warmup=0.0, log_every=1, progress=False,
+                     activation_checkpointing=True, recompute_teacher=rerun_teacher)
+    summary = train(objective, student, RandomTokens(rows=24), args, out)
+    objective.close()
+    assert not recompute.reruns_teacher(student)  # train() leaves the model as it came
+    return {n: p.detach().clone() for n, p in trainable_parameters(student)}, summary
+
+
+@pytest.mark.parametrize("arm", ["slice", "core"])
+def test_a_few_optimizer_steps_give_bitwise_the_same_weights(tmp_path, arm):
+    plain, s_plain = _train(tmp_path / "plain", arm, False)
+    rerun, s_rerun = _train(tmp_path / "rerun", arm, True)
+    assert s_plain["final"] == s_rerun["final"]
+    assert all(torch.equal(rerun[n], w) for n, w in plain.items())
+
+
+def test_it_needs_checkpointing_and_reaches_the_commands_and_configs():
+    from lrc import workflow_config as wc
+    from lrc.distill import DistillArgs
+    from lrc.options import parse_args
+    from tests.test_recompute import REPO
+    from tests.test_workflow_config import default_config, rule_shells
+
+    with pytest.raises(LRCError, match="recompute-teacher.*activation-checkpointing"):
+        TrainArgs(recompute_teacher=True)
+    base = ["--teacher", "t", "--data", "d", "--out", "o", "--arm", "core", "--warmstart", "w", "--activation-checkpointing"]
+    assert parse_args(DistillArgs, base + ["--recompute-teacher"], prog="lrc distill").recompute_teacher
+    assert not parse_args(DistillArgs, base, prog="lrc distill").recompute_teacher
+    config = default_config()
+    train_cfg = config["experiments"]["tiny"]["distill"]["train"]
+    train_cfg.update(activation_checkpointing=True, recompute_teacher=True)
+    assert wc.config_problems(config, rule_shells(), workdir=REPO) == []
+    assert "--recompute-teacher" in wc.cli_flags(train_cfg)
+
+
+@pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
+def test_fsdp2_two_processes_with_the_teacher_recomputed_follow_one_plain_process(world, tmp_path):
+    """The real launch: FSDP2 gathers each student layer inside the checkpoint's recompute,
+    where the teacher's layer (replicated, never wrapped) reruns too."""
+    from lrc.distill import main_distill
+    from tests.test_fsdp import ATOL, RTOL, compare, distill_flags, launch, run
+
+    assert main_distill(distill_flags(world, tmp_path / "p1", "core")) == 0
+    run(launch("-m", "lrc.cli", "distill", *distill_flags(world, tmp_path / "p2", "core", 8, "--activation-checkpointing", "--recompute-teacher")))
+    settings = json.loads((tmp_path / "p2" / "settings.json").read_text())["training"]
+    assert (settings["num_processes"], settings["grad_accumulation"]) == (2, 2)
+    rel, diff = compare(tmp_path / "p1", tmp_path / "p2")
+    print(f"FSDP2, 2 processes, teacher recomputed vs 1 plain process: max relative loss difference {rel:.2e}, max |weight difference| {diff:.2e}")
+    assert rel < RTOL and diff < ATOL, (rel, diff)
