@@ -172,7 +172,7 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
         student = build_student(teacher, args.student_hidden, seed=args.seed)
         bases = load_bases(args.bases) if args.bases is not None and name in BASIS_ARMS else None
         apply_arm(student, teacher, name, bases=bases, seed=args.seed, core_impl=impl or args.core_impl)
-        objective = CloneObjective(teacher, student, recipe)
+        objective = CloneObjective(teacher, student, recipe, recompute_teacher=args.recompute_teacher)
     calls = _count_parametrisation_calls(student)
     total_steps = args.steps + args.warmup_steps
     per_step = args.batch_size * args.micro_batches * args.processes  # sequences per step, over all processes

@@ -54,7 +54,6 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from lrc import recompute
 from lrc.errors import LRCError
 from lrc.fused_loss import LOSS_IMPLS, fused_ce_kl, head_weight, hidden_and_head
 from lrc.losses import kl_divergence, kl_position_mask, next_token_ce
@@ -177,11 +176,15 @@ def saved_as_is():
     return torch.autograd.graph.saved_tensors_hooks(_as_is, _as_is)
 
 
+def _runs_checkpointed(layer) -> bool:
+    """transformers' condition for a decoder layer's checkpoint: ``gradient_checkpointing``
+    set (by :mod:`lrc.recompute`), training, gradients on."""
+    return bool(getattr(layer, "gradient_checkpointing", False) and layer.training and torch.is_grad_enabled())
+
+
 def _kept_outside_checkpoint(layer):
-    """:func:`saved_as_is` while ``layer`` runs checkpointed (transformers' condition:
-    ``gradient_checkpointing`` set, training, gradients on), else nothing to change."""
-    on = getattr(layer, "gradient_checkpointing", False) and layer.training and torch.is_grad_enabled()
-    return saved_as_is() if on else contextlib.nullcontext()
+    """:func:`saved_as_is` while ``layer`` runs checkpointed, else nothing to change."""
+    return saved_as_is() if _runs_checkpointed(layer) else contextlib.nullcontext()
 
 
 class _StudentTerms:
@@ -295,12 +298,14 @@ class _StudentTerms:
 class CloneObjective:
     """``loss(batch, model=None) -> (total, terms)`` for a teacher/student pair and a recipe."""
 
-    def __init__(self, teacher, student, recipe: RecipeArgs, *, loss_impl: str | None = None):
+    def __init__(self, teacher, student, recipe: RecipeArgs, *, loss_impl: str | None = None, recompute_teacher: bool = False):
         if not isinstance(recipe, RecipeArgs):
             raise LRCError("CloneObjective needs a lrc.clone.RecipeArgs")
         loss_impl = recipe.loss_impl if loss_impl is None else loss_impl  # the recipe's, unless given
         check_choice("loss_impl", loss_impl, LOSS_IMPLS)
         self.loss_impl = loss_impl  # CE + KL: "fused" (chunked, lrc.fused_loss) or "reference" (lrc.losses on logits)
+        # --recompute-teacher: rerun the teacher's layers inside the student's, when those run checkpointed (module doc)
+        self.recompute_teacher = recompute_teacher
         # The teacher arrives frozen: the student was built on it (lrc.hf, "Where the teacher is frozen").
         self.teacher, self.student, self.recipe = teacher, student, recipe
         n_layers = teacher.config.num_hidden_layers
@@ -392,8 +397,7 @@ class CloneObjective:
         if loss_mask is not None:
             loss_mask = loss_mask.to(device=input_ids.device, dtype=torch.bool)
         r = self.recipe
-        # recompute_teacher: only while the student's layers run checkpointed (lrc.recompute's condition)
-        rerun = bool(self.terms) and recompute.reruns_teacher(model) and self.student.training and torch.is_grad_enabled()
+        rerun = self.recompute_teacher and bool(self.terms) and _runs_checkpointed(self.student.model.layers[self.layers[0]])
         t_out, t_acts, calls = self._teacher_forward(input_ids, keep_calls=rerun)
         self._s.clear()
         self._s.interleaved = rerun

@@ -133,7 +133,7 @@ def _new_student(args, teacher, bases, dataset):
 
 def _train_and_save(command: str, args: _DistillCommon, teacher, student, dataset, hook=None, **meta) -> None:
     targs = train_args_from(args)
-    objective = CloneObjective(teacher, student, _recipe(args))
+    objective = CloneObjective(teacher, student, _recipe(args), recompute_teacher=args.recompute_teacher)
     summary = train(objective, student, dataset, targs, args.out, hook=hook)
     objective.close()
     if not is_main_process():

@@ -213,9 +213,9 @@ def _build(spec: StepSpec):
     bases = _shape_bases(cfg) if spec.arm in BASIS_ARMS else None
     student = build_student(teacher, spec.student_hidden)
     apply_arm(student, teacher, spec.arm, bases=bases, core_impl=spec.core_impl)
-    objective = CloneObjective(teacher, student, RecipeArgs(recipe=spec.recipe, loss_impl=spec.loss_impl))
+    objective = CloneObjective(teacher, student, RecipeArgs(recipe=spec.recipe, loss_impl=spec.loss_impl), recompute_teacher=spec.recompute_teacher)
     if spec.activation_checkpointing:
-        recompute.enable(student, teacher=spec.recompute_teacher)  # what lrc.train.setup does; train_step opens recompute.micro_batch
+        recompute.enable(student)  # what lrc.train.setup does; train_step opens recompute.micro_batch
     if spec.precision == "bf16":
         teacher.to(dtype=torch.bfloat16)  # lrc.train.place_teacher's cast on a GPU
     return teacher, student, objective

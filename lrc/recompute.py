@@ -30,8 +30,9 @@ of what the slice layer's linears cost at micro-batch 3 and seq 2048) are not ru
 
 The clone terms computed by the student's hooks (:mod:`lrc.clone`) are computed in the
 original forward only and save their one tensor outside the checkpoint; the recompute
-does not run them (see :func:`lrc.clone.saved_as_is`), unless ``enable(teacher=True)``
-(``--recompute-teacher``): then they run in the recompute too, with the teacher's layer.
+does not run them (see :func:`lrc.clone.saved_as_is`), unless the objective reruns the
+teacher's layers (``--recompute-teacher``): then they run in the recompute too, with the
+teacher's layer.
 """
 
 from __future__ import annotations
@@ -54,7 +55,6 @@ class _WeightKeeper:
 
     def __init__(self, layers: list[nn.Module]):
         self.open = 0
-        self.teacher = False  # enable(teacher=True): the clone terms rerun the teacher's layer inside the student's (lrc.clone)
         self.handles = [layer.register_forward_pre_hook(self._build) for layer in layers]
         self.weights = {layer: [(m, name) for m in layer.modules() if parametrize.is_parametrized(m) for name in m.parametrizations]
                         for layer in layers}
@@ -91,17 +91,14 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def enable(model: nn.Module, teacher: bool = False) -> int:
-    """Checkpoint every decoder layer of ``model`` (in place); returns how many. ``teacher``:
-    the clone objective keeps only the teacher's layer inputs and reruns each teacher layer
-    inside the student's checkpointed one (``--recompute-teacher``, :mod:`lrc.clone`)."""
+def enable(model: nn.Module) -> int:
+    """Checkpoint every decoder layer of ``model`` (in place); returns how many."""
     model = _bare(model)
     layers = decoder_layers(model)
     if getattr(model, _KEEPER_ATTR, None) is None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         model.disable_input_require_grads()  # see the module doc
         setattr(model, _KEEPER_ATTR, _WeightKeeper(layers))
-    getattr(model, _KEEPER_ATTR).teacher = teacher
     return len(layers)
 
 
@@ -117,11 +114,6 @@ def disable(model: nn.Module) -> None:
 
 def is_enabled(model: nn.Module) -> bool:
     return getattr(_bare(model), _KEEPER_ATTR, None) is not None
-
-
-def reruns_teacher(model: nn.Module) -> bool:
-    """Whether :func:`enable` was asked to rerun the teacher's layers (``teacher=True``)."""
-    return getattr(getattr(_bare(model), _KEEPER_ATTR, None), "teacher", False)
 
 
 @contextlib.contextmanager

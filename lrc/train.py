@@ -297,7 +297,7 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     # FSDP2 and a tied student: one group for the shared factor, before the optimiser holds it.
     tied = accelerator.is_fsdp2 and sharding.before_prepare(model, accelerator)
     if args.activation_checkpointing:
-        recompute.enable(model, teacher=args.recompute_teacher)  # before prepare: FSDP2's layer hooks then run outside the recompute too
+        recompute.enable(model)  # before prepare: FSDP2's layer hooks then run outside the recompute too
     optimizer, scheduler = _optimizer(model, args, steps)
     place_teacher(objective, accelerator, mixed)
     model.train()

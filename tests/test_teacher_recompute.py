@@ -24,7 +24,8 @@ from tests.test_recompute import ARMS, _batch, _student
 
 
 def _loss_and_grads(student, objective, rerun_teacher):
-    recompute.enable(student, teacher=rerun_teacher)
+    recompute.enable(student)
+    objective.recompute_teacher = rerun_teacher
     student.zero_grad(set_to_none=True)
     with recompute.micro_batch(student):
         total, terms = objective.loss(_batch(), model=student)
@@ -78,9 +79,9 @@ def test_under_bf16_autocast_too():
 def test_without_gradients_or_clone_terms_the_teacher_runs_once():
     """Evaluation (no gradients) and the kl recipe take the plain path: nothing to recompute."""
     teacher, student = _student("llama-tied", "dense")
-    recompute.enable(student, teacher=True)
+    recompute.enable(student)
     for recipe, grad in ((RecipeArgs(temperature=2.0), False), (RecipeArgs(recipe="kl", temperature=2.0), True)):
-        objective = CloneObjective(teacher, student, recipe)
+        objective = CloneObjective(teacher, student, recipe, recompute_teacher=True)
         runs, handles = _teacher_layer_runs(teacher)
         with torch.set_grad_enabled(grad), recompute.micro_batch(student):
             total, _ = objective.loss(_batch(), model=student)
@@ -114,12 +115,16 @@ def test_the_traced_step_keeps_one_teacher_input_per_layer_instead_of_the_terms(
 
 def _train(out, arm, rerun_teacher, steps=4):
     teacher, student = _student("llama-tied", arm, "optimizer" if arm == "core" else None)
-    objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
+    objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0), recompute_teacher=rerun_teacher)
+    runs, handles = _teacher_layer_runs(teacher)
     args = TrainArgs(tokens=steps * 4 * SEQ, batch_size=4, micro_batch_size=2, lr=3e-3, warmup=0.0, log_every=1, progress=False,
                      activation_checkpointing=True, recompute_teacher=rerun_teacher)
     summary = train(objective, student, RandomTokens(rows=24), args, out)
     objective.close()
-    assert not recompute.reruns_teacher(student)  # train() leaves the model as it came
+    for h in handles:
+        h.remove()
+    # per micro-batch: the teacher's forward, and (recomputed) each layer twice more
+    assert runs[0] == steps * 2 * len(teacher.model.layers) * (3 if rerun_teacher else 1)
     return {n: p.detach().clone() for n, p in trainable_parameters(student)}, summary
 
 
