@@ -27,8 +27,8 @@ student's side exists, and the teacher's capture is dropped then. A term saves o
 for backward, ``s - t`` in the compute dtype (its sum of squares is accumulated in fp32),
 not fp32 copies of both sides (``F.mse_loss(s.float(), t.float())``); the mlp_out target
 also keeps the teacher MLP output when P_down trains (`slice`).
-Under activation checkpointing (:mod:`lrc.recompute`) a term is computed in the layer's
-original forward only (the hooks are off when backward reruns the layer) and keeps that
+Under activation checkpointing (:mod:`lrc.recompute`), by default, a term is computed in the
+layer's original forward only (the hooks are off when backward reruns the layer) and keeps that
 tensor outside the checkpoint (:func:`saved_as_is`): added once, and no teacher capture
 waits for the backward. Those tensors and the captures waiting for the student together
 hold every term's width per token and layer (40,288 values at Llama-3.1-8B's widths and
@@ -38,7 +38,9 @@ recorded by pre-hooks in the teacher's forward), and the first term of a student
 reruns the teacher's layer on its input; the terms are then computed inside the
 checkpoint, so the recompute reruns the teacher's layer and the terms too (the call's last
 use), and their saved tensors live one layer at a time. The values are bitwise the same;
-the cost is two more forwards of the teacher's layers per micro-batch.
+the cost is two more forwards of the teacher's layers per micro-batch. One graph at a time:
+a second loss before the first's backward (or a second backward of one graph) makes the
+checkpoint's recompute find other saved tensors and raise ``CheckpointError``.
 
 ``clone_norm: teacher_ms`` divides each layer's MSE by its target's mean square (detached):
 on a real teacher the raw terms span orders of magnitude across terms and layers (massive
@@ -170,8 +172,8 @@ def saved_as_is():
     """Tensors autograd saves in this context are kept as they are, whatever saved-tensor
     hooks are active around it. Under activation checkpointing (:mod:`lrc.recompute`) the
     checkpoint's hooks would drop what a clone term saves and rerun the layer to get it
-    back; the term is computed once, in the original forward (the hooks are off in the
-    recompute), so its one saved tensor is kept instead: the same memory as without
+    back; by default the term is computed once, in the original forward (the hooks are off
+    in the recompute), so its one saved tensor is kept instead: the same memory as without
     checkpointing, no teacher activation needed in backward, nothing added twice."""
     return torch.autograd.graph.saved_tensors_hooks(_as_is, _as_is)
 
@@ -398,8 +400,8 @@ class CloneObjective:
             loss_mask = loss_mask.to(device=input_ids.device, dtype=torch.bool)
         r = self.recipe
         rerun = self.recompute_teacher and bool(self.terms) and _runs_checkpointed(self.student.model.layers[self.layers[0]])
+        self._s.clear()  # first: what a loss without backward left (its teacher calls) is not alive in this teacher forward
         t_out, t_acts, calls = self._teacher_forward(input_ids, keep_calls=rerun)
-        self._s.clear()
         self._s.interleaved = rerun
         self._s.teacher_acts.update(t_acts)
         self._s.calls.update(calls)

@@ -111,7 +111,7 @@ class TrainArgs:
     tensorboard: bool = field(default=False, metadata={"help": "also log to TensorBoard under <ckpt_dir>/tb (needs the tensorboard package)"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     activation_checkpointing: bool = field(default=False, metadata={"help": "checkpoint each decoder layer of the trained model: its activations are recomputed in backward (less memory, one more forward of the layers, the same trajectory; lrc.recompute)"})
-    recompute_teacher: bool = field(default=False, metadata={"help": "with --activation-checkpointing, lrc recipe: keep only each teacher layer's input and rerun the teacher's layer inside the student's checkpointed one, so the clone terms' activations live one layer at a time (one more teacher forward, the same trajectory; lrc.clone)"})
+    recompute_teacher: bool = field(default=False, metadata={"help": "with --activation-checkpointing, lrc recipe: keep only each teacher layer's input and rerun the teacher's layer inside the student's checkpointed one, so the clone terms' activations live one layer at a time (two more forwards of the teacher's layers, the same trajectory; lrc.clone)"})
     shard_optimizer: bool = field(default=False, metadata={"help": "DDP: each process keeps AdamW's states for its share of the parameters only, and broadcasts their new values (ZeRO stage 1; the same trajectory and checkpoints; lrc.optim)"})
 
     def __post_init__(self) -> None:

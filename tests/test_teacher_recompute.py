@@ -157,8 +157,8 @@ def test_it_needs_checkpointing_and_reaches_the_commands_and_configs():
 
 @pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
 def test_fsdp2_two_processes_with_the_teacher_recomputed_follow_one_plain_process(world, tmp_path):
-    """The real launch: FSDP2 gathers each student layer inside the checkpoint's recompute,
-    where the teacher's layer (replicated, never wrapped) reruns too."""
+    """The real launch: FSDP2 gathers each student layer in its pre-backward hook, before the
+    recompute that reruns the teacher's layer (replicated, never wrapped) inside it."""
     from lrc.distill import main_distill
     from tests.test_fsdp import ATOL, RTOL, compare, distill_flags, launch, run
 
