@@ -315,6 +315,8 @@ class CloneObjective:
         bad = [i for i in layers if not 0 <= i < n_layers]
         if bad:
             raise LRCError(f"clone_layers {bad} out of range for a {n_layers}-layer teacher")
+        if recipe.clone_terms and not layers:
+            raise LRCError("clone_layers is empty while clone_terms are set; for no clone terms set clone_terms: []")
         self.layers = layers
         self.terms = list(recipe.clone_terms)
         self._t = _Capture()

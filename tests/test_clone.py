@@ -138,6 +138,9 @@ def test_bad_recipe_values():
     teacher = make_teacher("llama-tied")
     with pytest.raises(LRCError, match="clone_layers"):
         CloneObjective(teacher, build_student(teacher, 16), RecipeArgs(clone_layers=[5]))
+    with pytest.raises(LRCError, match="clone_layers is empty"):  # not a sum over no layers
+        CloneObjective(teacher, build_student(teacher, 16), RecipeArgs(clone_layers=[]))
+    CloneObjective(teacher, build_student(teacher, 16), RecipeArgs(clone_layers=[], clone_terms=[]))
 
 
 def reference_clone_terms(teacher, student, ids, layers):
