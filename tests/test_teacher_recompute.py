@@ -169,3 +169,38 @@ def test_fsdp2_two_processes_with_the_teacher_recomputed_follow_one_plain_proces
     rel, diff = compare(tmp_path / "p1", tmp_path / "p2")
     print(f"FSDP2, 2 processes, teacher recomputed vs 1 plain process: max relative loss difference {rel:.2e}, max |weight difference| {diff:.2e}")
     assert rel < RTOL and diff < ATOL, (rel, diff)
+
+
+def test_backward_recomputes_one_layer_at_a_time():
+    """The autograd engine runs the ready node of the highest sequence number first, so layer
+    i's clone terms (created in its forward) are backpropagated after every later layer's
+    backward: the teacher's layer i reruns only once the gradient has left layer i + 1, and
+    no two layers' recomputed tensors are alive together."""
+    from transformers import LlamaForCausalLM
+
+    from lrc.student import build_student
+
+    cfg = make_teacher("llama-tied").config
+    cfg.num_hidden_layers = 4
+    torch.manual_seed(0)
+    teacher = LlamaForCausalLM(cfg)
+    student = build_student(teacher, 16, seed=3).train()
+    objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0), recompute_teacher=True)
+    recompute.enable(student)
+    events, in_backward = [], [False]
+    for i, layer in enumerate(teacher.model.layers):
+        layer.register_forward_pre_hook(lambda *_, i=i: events.append(("teacher", i)) if in_backward[0] else None)
+
+    def grad_in(i):
+        def pre_hook(_layer, args):  # outside the checkpoint: the layer's __call__ runs once
+            if args[0].requires_grad:
+                args[0].register_hook(lambda g: events.append(("left", i)))
+        return pre_hook
+
+    for i, layer in enumerate(student.model.layers):
+        layer.register_forward_pre_hook(grad_in(i))
+    with recompute.micro_batch(student):
+        total, _ = objective.loss(_batch(), model=student)
+        in_backward[0] = True
+        total.backward()
+    assert events == [e for i in reversed(range(4)) for e in (("teacher", i), ("left", i))], events
