@@ -102,6 +102,13 @@ class RecipeArgs:
             raise LRCError(f"unknown clone term(s) {bad}; choose from: {', '.join(CLONE_TERMS)}")
 
 
+def _taken(d: dict) -> dict:
+    """``d``'s items, moved out (``d`` left empty)."""
+    items = dict(d)
+    d.clear()
+    return items
+
+
 class _Capture:
     """Forward hooks on the teacher that record module outputs into a dict while ``active``,
     and (``recompute_teacher``) each clone layer's call, its inputs, while ``keep_calls``."""
@@ -352,10 +359,7 @@ class CloneObjective:
             self._t.active = self._t.keep_calls = False
         # Kept as inference tensors: the clone terms never save them (_SquaredErrorSum), and
         # the one that may (mlp_out's target in `slice`) clones its own.
-        acts, calls = dict(self._t.store), dict(self._t.calls)
-        self._t.store.clear()
-        self._t.calls.clear()
-        return (out.clone() if self.loss_impl == "reference" else out), acts, calls
+        return (out.clone() if self.loss_impl == "reference" else out), _taken(self._t.store), _taken(self._t.calls)
 
     def _teacher_layer(self, i, call):
         """recompute_teacher: teacher layer ``i`` run again on its kept call -> its captures."""
@@ -366,9 +370,7 @@ class CloneObjective:
                 self.teacher.model.layers[i](*args, **kwargs)
         finally:
             self._t.active = False
-        acts = dict(self._t.store)
-        self._t.store.clear()
-        return acts
+        return _taken(self._t.store)
 
     def _student_forward(self, model, input_ids):
         """The student's logits (reference) or final hidden states (fused), through ``model``."""

@@ -159,8 +159,6 @@ def resolve(args: PlanArgs) -> Setting:
     for name in ("activation_checkpointing", "shard_optimizer", "recompute_teacher"):
         if not isinstance(values[name], bool):
             raise LRCError(f"--{name.replace('_', '-')} is true or false, got {values[name]!r}")
-    if values["recompute_teacher"] and not values["activation_checkpointing"]:
-        raise LRCError("--recompute-teacher needs --activation-checkpointing (as lrc distill)")
     if values["shard_optimizer"] and values["sharding"] == "fsdp":
         raise LRCError("--shard-optimizer is for DDP; FSDP2 shards the optimiser states itself (--sharding fsdp)")
     values["teacher_config"] = Path(values["teacher_config"])

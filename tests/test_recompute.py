@@ -143,15 +143,18 @@ def test_checkpointing_keeps_less_alive_in_the_traced_step():
     assert 0 < ckpt["parts"]["activations"] - rebuilt["parts"]["activations"] <= layer_weights, (ckpt, rebuilt, layer_weights)
 
 
-def _train(out: Path, arm: str, checkpointed: bool, steps: int = 4, **kw) -> tuple[dict, dict]:
-    teacher, student = _student("llama-tied", arm, "optimizer" if arm == "core" else None)
-    objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
-    args = TrainArgs(tokens=steps * 4 * SEQ, batch_size=4, micro_batch_size=2, lr=3e-3, warmup=0.0, log_every=1, progress=False,
-                     activation_checkpointing=checkpointed, **kw)
+def fit(objective, student, out: Path, steps: int, **kw) -> tuple[dict, dict]:
+    """``steps`` optimiser steps of 2 micro-batches of 2 sequences; the trained weights and the summary."""
+    args = TrainArgs(tokens=steps * 4 * SEQ, batch_size=4, micro_batch_size=2, lr=3e-3, warmup=0.0, log_every=1, progress=False, **kw)
     summary = train(objective, student, RandomTokens(rows=24), args, out)
     objective.close()
     assert not recompute.is_enabled(student)  # train() leaves the model as it came
     return {n: p.detach().clone() for n, p in trainable_parameters(student)}, summary
+
+
+def _train(out: Path, arm: str, checkpointed: bool, steps: int = 4, **kw) -> tuple[dict, dict]:
+    teacher, student = _student("llama-tied", arm, "optimizer" if arm == "core" else None)
+    return fit(CloneObjective(teacher, student, RecipeArgs(temperature=2.0)), student, out, steps, activation_checkpointing=checkpointed, **kw)
 
 
 @pytest.mark.parametrize("arm", ["slice", "core"])

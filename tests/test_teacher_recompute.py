@@ -17,10 +17,10 @@ from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
 from lrc.hf import trainable_parameters
 from lrc.memtrace import StepSpec, trace_step
-from lrc.train import TrainArgs, train
-from tests.helpers import SEQ, RandomTokens, make_teacher
+from lrc.train import TrainArgs
+from tests.helpers import make_teacher
 from tests.test_fsdp import world  # noqa: F401 (the fixture)
-from tests.test_recompute import ARMS, _batch, _student
+from tests.test_recompute import ARMS, _batch, _student, fit
 
 
 def _loss_and_grads(student, objective, rerun_teacher):
@@ -117,15 +117,12 @@ def _train(out, arm, rerun_teacher, steps=4):
     teacher, student = _student("llama-tied", arm, "optimizer" if arm == "core" else None)
     objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0), recompute_teacher=rerun_teacher)
     runs, handles = _teacher_layer_runs(teacher)
-    args = TrainArgs(tokens=steps * 4 * SEQ, batch_size=4, micro_batch_size=2, lr=3e-3, warmup=0.0, log_every=1, progress=False,
-                     activation_checkpointing=True, recompute_teacher=rerun_teacher)
-    summary = train(objective, student, RandomTokens(rows=24), args, out)
-    objective.close()
+    trained = fit(objective, student, out, steps, activation_checkpointing=True, recompute_teacher=rerun_teacher)
     for h in handles:
         h.remove()
     # per micro-batch: the teacher's forward, and (recomputed) each layer twice more
     assert runs[0] == steps * 2 * len(teacher.model.layers) * (3 if rerun_teacher else 1)
-    return {n: p.detach().clone() for n, p in trainable_parameters(student)}, summary
+    return trained
 
 
 @pytest.mark.parametrize("arm", ["slice", "core"])
