@@ -6,7 +6,7 @@ For `dense` and `core` (``--core-impl optimizer`` and ``optimizer-wy``) on the s
 ``--teacher`` (as `lrc bench` takes it: a config JSON is a seeded random teacher), gradients
 set at random: the median CPU seconds of ``CoordinateAdamW.step()`` (after a first step,
 which also makes the coordinates from W), and one gradient map and one map back of one MLP
-matrix. The basis change is a fixed cost per optimiser step, whatever
+matrix, each timed warm (an untimed first map makes the map back's input). The basis change is a fixed cost per optimiser step, whatever
 the tokens per step, so with a dense step of ``t`` seconds at a given batch
 ``core/dense ~ 1 + (core step - dense step) / t`` (the README's CORE section).
 """
@@ -28,11 +28,10 @@ from lrc.student import build_student
 ARMS = [("dense", "optimizer"), ("core", "optimizer"), ("core", "optimizer-wy")]
 
 
-def cpu_seconds(fn):
-    """``(fn(), the CPU seconds it took)``."""
+def cpu_seconds(fn) -> float:
     start = time.process_time()
-    out = fn()
-    return out, time.process_time() - start
+    fn()
+    return time.process_time() - start
 
 
 def main() -> None:
@@ -56,13 +55,12 @@ def main() -> None:
         for p in params:
             p.grad = torch.randn_like(p) * 1e-3
         opt.step()
-        step = statistics.median(cpu_seconds(opt.step)[1] for _ in range(a.repeats))
+        step = statistics.median(cpu_seconds(opt.step) for _ in range(a.repeats))
         line = f"{arm + ':' + impl:20} {step:11.2f}"
         if maps:
             weight, cmap = next(iter(maps.items()))
-            coords, to_coords = cpu_seconds(lambda: cmap.coordinates(weight.grad))
-            _, back = cpu_seconds(lambda: cmap(coords))
-            line += f" {to_coords:7.2f} {back:12.2f} {len(maps):10d}"
+            coords = cmap.coordinates(weight.grad)
+            line += f" {cpu_seconds(lambda: cmap.coordinates(weight.grad)):7.2f} {cpu_seconds(lambda: cmap(coords)):12.2f} {len(maps):10d}"
         print(line, flush=True)
 
 
