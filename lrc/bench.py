@@ -14,18 +14,21 @@ rotate the order of the arms, so a machine that slows down over the run is sprea
 Columns: median step time over all measured steps of all repeats (the first
 ``--warmup-steps`` of each run are dropped), its interquartile range, the median CPU time
 per step (this process's CPU seconds: on a shared machine far steadier than wall time; with
-``--threads 1`` it is the compute), the peak memory (GPU: CUDA max allocated; CPU: peak RSS
-of the run, the kernel's mark reset after the imports), the part of it above the memory
-at that point (what the models and the step cost; the memory ratio to kd is taken on this
-part), trainable parameters, and how many
+``--threads 1`` it is the compute), the median time of the optimiser step alone, wall (GPU:
+the device's) and CPU (where `core`'s basis change runs: a cost per step, whatever the
+tokens per step; under ``--processes``, process 0's, its waits for the others included), the
+peak memory (GPU: CUDA max allocated; CPU: peak RSS of the run, the kernel's mark reset
+after the imports), the part of it above the memory at that point (what the models and the
+step cost; the memory ratio to kd is taken on this part), trainable parameters, and how many
 times the parametrisations are evaluated per step (each parametrised weight should be
 materialised once per forward), and how many weights the optimiser steps in other
 coordinates (`core`/`randcomp` with ``--core-impl optimizer``: one basis change per such
 weight and step, none in the forward; "own": how many of them one process runs, the rest
 running on the others with ``--processes P``, DDP through torchrun, each process taking
 ``--micro-batches`` forwards per step). ``--micro-batches N`` accumulates N forwards of
-``--batch-size`` sequences per optimiser step, as training does. ``--teacher`` is a checkpoint directory or a config JSON
-(a random teacher of that shape, seeded: enough for timing).
+``--batch-size`` sequences per optimiser step, as training does. ``--teacher`` is a
+checkpoint directory or a config JSON (a random teacher of that shape, seeded: enough for
+timing).
 """
 
 from __future__ import annotations
@@ -186,11 +189,13 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     records = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
     tokens_per_step = per_step * args.seq_len
     times = [tokens_per_step / r["tokens_per_s"] for r in records[args.warmup_steps:]]
-    cpu_times = [r["cpu_s_per_step"] for r in records[args.warmup_steps:]]
+    measured = records[args.warmup_steps:]
     return {
         "arm": arm,
         "step_times_s": times,
-        "step_cpu_s": cpu_times,
+        "step_cpu_s": [r["cpu_s_per_step"] for r in measured],
+        "optimizer_s": [r["optimizer_s_per_step"] for r in measured],
+        "optimizer_cpu_s": [r["optimizer_cpu_s_per_step"] for r in measured],
         # GPU: CUDA max allocated (the models and the step only); CPU: peak RSS of the run.
         "peak_memory_mib": summary["peak_memory_mib"] if on_gpu else _peak_rss_mib(),
         "base_memory_mib": 0.0 if on_gpu else base_rss,
@@ -258,8 +263,10 @@ def bench(args: BenchArgs) -> list[dict]:
             print(f"repeat {rep + 1}/{args.repeats} {arm}: median {1000 * statistics.median(runs[arm][-1]['step_times_s']):.1f} ms", file=sys.stderr)
     rows = []
     for arm in arms:
-        times = [t for r in runs[arm] for t in r["step_times_s"]]
-        cpu = [t for r in runs[arm] for t in r["step_cpu_s"]]
+        def all_steps(key: str) -> list[float]:
+            return [t for r in runs[arm] for t in r[key]]
+
+        times, cpu = all_steps("step_times_s"), all_steps("step_cpu_s")
         peak = max(r["peak_memory_mib"] for r in runs[arm])
         above = max(r["peak_memory_mib"] - r["base_memory_mib"] for r in runs[arm])
         rows.append({
@@ -267,6 +274,8 @@ def bench(args: BenchArgs) -> list[dict]:
             "step_time_ms": 1000 * statistics.median(times),
             "step_time_iqr_ms": 1000 * (_quantile(times, 0.75) - _quantile(times, 0.25)),
             "step_cpu_ms": 1000 * statistics.median(cpu),
+            "optimizer_ms": 1000 * statistics.median(all_steps("optimizer_s")),
+            "optimizer_cpu_ms": 1000 * statistics.median(all_steps("optimizer_cpu_s")),
             "tokens_per_s": args.batch_size * args.micro_batches * args.processes * args.seq_len / statistics.median(times),
             "peak_memory_mib": peak,
             "step_memory_mib": above,
@@ -304,10 +313,11 @@ def write_csv(rows: list[dict], context: dict, path: Path) -> None:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'arm':<20}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}{'trainable':>12}{'p-calls':>9}{'o-maps (own)':>14}"
+    head = f"{'arm':<20}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}{'opt ms':>9}{'opt cpu':>9}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}{'trainable':>12}{'p-calls':>9}{'o-maps (own)':>14}"
     lines = [head]
     for r in rows:
         lines.append(f"{r['arm']:<20}{r['step_time_ms']:>10.1f}{r['step_time_iqr_ms']:>9.1f}{r['time_ratio_to_kd']:>7.2f}{r['step_cpu_ms']:>9.1f}{r['cpu_ratio_to_kd']:>7.2f}"
+                     f"{r['optimizer_ms']:>9.1f}{r['optimizer_cpu_ms']:>9.1f}"
                      f"{r['peak_memory_mib']:>10.0f}{r['step_memory_mib']:>10.0f}{r['memory_ratio_to_kd']:>7.2f}"
                      f"{r['trainable_params']:>12,}{r['parametrisation_calls_per_step']:>9.0f}"
                      f"{str(r['optimizer_coordinate_maps']) + ' (' + str(r['basis_changes_per_process']) + ')':>14}")

@@ -17,10 +17,15 @@ reads as setup, resume, step, log, finish. Why it looks as it does:
   ``hook.after_step(done_step)`` after every optimiser step, before that step's checkpoint
   (so what it records of a step exists whenever the step's checkpoint does). It must not
   change the model, the RNG or anything else the run reads.
+- **The optimiser step's own time** (``optimizer_s_per_step``, ``optimizer_cpu_s_per_step``):
+  where `core`'s basis change lives (:mod:`lrc.optim`), a cost per step whatever the tokens
+  per step. On a GPU it is the device's time, from CUDA events read at the log write (no
+  sync per step); under DDP it is process 0's, waits for the other processes included.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -61,6 +66,7 @@ class StepLog:
         self.last: dict[str, float] = {}
         self.t_window = self.t_start = time.perf_counter()
         self.cpu_window = time.process_time()  # CPU seconds of this process: robust to a busy machine
+        self._reset_optimizer_time()
         self.hook = hook
         if hook is not None:
             hook.begin(ckpt_dir, start_step=start_step, steps=steps, tokens_per_step=tokens_per_step)
@@ -78,6 +84,30 @@ class StepLog:
         self.window_steps += 1
         if self.hook is not None:
             self.hook.after_step(step + 1)
+
+    def _reset_optimizer_time(self) -> None:
+        self.optimizer_wall, self.optimizer_cpu, self.optimizer_events = 0.0, 0.0, []
+
+    @contextlib.contextmanager
+    def timing_optimizer(self):
+        """Around the optimiser step: add its wall (GPU: device) and CPU seconds to the window."""
+        events = None
+        if self.acc.device.type == "cuda":
+            events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            events[0].record()
+        wall, cpu = time.perf_counter(), time.process_time()
+        yield
+        self.optimizer_cpu += time.process_time() - cpu
+        if events is None:
+            self.optimizer_wall += time.perf_counter() - wall
+        else:
+            events[1].record()
+            self.optimizer_events.append(events)
+
+    def _optimizer_seconds(self) -> float:
+        for _, end in self.optimizer_events:
+            end.synchronize()
+        return self.optimizer_wall + sum(start.elapsed_time(end) for start, end in self.optimizer_events) / 1000
 
     def raise_if_bad(self) -> None:
         # The earliest bad step over all processes (-1 = none); every process raises alike.
@@ -102,7 +132,9 @@ class StepLog:
         cpu_per_step = (time.process_time() - self.cpu_window) / self.window_steps
         self.last = {"loss": values[0]} | dict(zip(self.names, values[1:-1])) | {"grad_norm": values[-1]}
         record = {"step": done_step, "tokens": done_step * self.tokens_per_step, **self.last,
-                  "lr": lr_used, "tokens_per_s": tok_s, "cpu_s_per_step": cpu_per_step, "elapsed_s": now - self.t_start}
+                  "lr": lr_used, "tokens_per_s": tok_s, "cpu_s_per_step": cpu_per_step,
+                  "optimizer_s_per_step": self._optimizer_seconds() / self.window_steps,
+                  "optimizer_cpu_s_per_step": self.optimizer_cpu / self.window_steps, "elapsed_s": now - self.t_start}
         if self.main:
             with open(self.path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
@@ -114,6 +146,7 @@ class StepLog:
                 self.bar.update(self.window_steps * self.tokens_per_step)
                 self.bar.set_postfix(loss=f"{values[0]:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
         self.window_sum, self.window_steps, self.t_window, self.cpu_window = None, 0, time.perf_counter(), time.process_time()
+        self._reset_optimizer_time()
 
     def close(self) -> None:
         if self.bar is not None:

@@ -332,11 +332,13 @@ def resume(run: Run) -> tuple[int, str | None, dict[str, Any] | None]:
 # ---- the training step --------------------------------------------------------------------
 
 
-def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn.Parameter]) -> tuple[torch.Tensor, list[str], float]:
+def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn.Parameter],
+               time_optimizer=contextlib.nullcontext) -> tuple[torch.Tensor, list[str], float]:
     """One optimiser step: forward/backward over the micro-batches, clip, step, schedule.
 
     Returns ``[loss, terms..., grad_norm]`` on the device (no host sync), the term names
-    and the learning rate the update used.
+    and the learning rate the update used. ``time_optimizer``: a context manager around the
+    optimiser's step (:meth:`lrc.steplog.StepLog.timing_optimizer`).
     """
     acc, accum = run.accelerator, run.accum
     step_sum, names = None, None
@@ -351,7 +353,8 @@ def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn
         vec = torch.stack([total.detach().float()] + [terms[n].detach().float().reshape(()) for n in names])
         step_sum = vec if step_sum is None else step_sum + vec
     grad_norm = sharding.full(acc.clip_grad_norm_(trainable, run.args.grad_clip if run.args.grad_clip > 0 else float("inf")))
-    run.optimizer.step()
+    with time_optimizer():
+        run.optimizer.step()
     lr_used = run.scheduler.get_last_lr()[0]  # a Python float: no sync
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
@@ -370,7 +373,7 @@ def fit(run: Run, objective: Objective, dataset: Dataset, log: StepLog, start_st
     # After prepare: under FSDP2 the optimised tensors are the sharded ones.
     trainable = [p for p in run.wrapped.parameters() if p.requires_grad]
     for step in range(start_step, run.steps):
-        step_vec, names, lr_used = train_step(run, objective, batches, trainable)
+        step_vec, names, lr_used = train_step(run, objective, batches, trainable, log.timing_optimizer)
         log.record(step, step_vec, names)
         done_step = step + 1
         is_log = done_step % args.log_every == 0 or done_step == run.steps

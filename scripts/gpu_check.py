@@ -120,7 +120,7 @@ def bench_rows(check: Check, cfg: dict, cfg_path: Path, layers: int, arms: list[
                 continue  # kd again in a second call
             tps = float(r["tokens_per_s"])
             check.rows.append({"stage": "bench", "status": "ok", "layers": layers, "arm": r["arm"], "step_time_ms": float(r["step_time_ms"]),
-                               "tokens_per_s": round(tps, 1), "peak_memory_mib": float(r["peak_memory_mib"]),
+                               "optimizer_ms": float(r["optimizer_ms"]), "tokens_per_s": round(tps, 1), "peak_memory_mib": float(r["peak_memory_mib"]),
                                "mfu": round(flops_per_token * tps / peak, 4) if peak else None,
                                "time_ratio_to_kd": float(r["time_ratio_to_kd"]), "wall_s": round(wall, 1)})
 
@@ -203,17 +203,18 @@ def main() -> int:
 
 
 def write_report(check: Check) -> None:
-    fields = ["stage", "status", "layers", "arm", "step_time_ms", "tokens_per_s", "peak_memory_mib", "mfu", "time_ratio_to_kd", "max_abs_diff", "wall_s"]
+    fields = ["stage", "status", "layers", "arm", "step_time_ms", "optimizer_ms", "tokens_per_s", "peak_memory_mib", "mfu", "time_ratio_to_kd", "max_abs_diff", "wall_s"]
     path = check.out / "gpu-check.csv"
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
         for r in check.rows:
             w.writerow({k: r.get(k) for k in fields})
-    print(f"\n{'stage':<10}{'layers':>7} {'arm':<9}{'step ms':>10}{'tok/s':>10}{'peak MiB':>10}{'MFU':>7}{'x kd':>6}  status")
+    print(f"\n{'stage':<10}{'layers':>7} {'arm':<9}{'step ms':>10}{'opt ms':>9}{'tok/s':>10}{'peak MiB':>10}{'MFU':>7}{'x kd':>6}  status")
     for r in check.rows:
         num = lambda k, f: format(r[k], f) if r.get(k) is not None else "-"  # noqa: E731
-        print(f"{r['stage']:<10}{num('layers', 'd'):>7} {r.get('arm') or '-':<9}{num('step_time_ms', '.1f'):>10}{num('tokens_per_s', '.0f'):>10}"
+        print(f"{r['stage']:<10}{num('layers', 'd'):>7} {r.get('arm') or '-':<9}{num('step_time_ms', '.1f'):>10}{num('optimizer_ms', '.1f'):>9}"
+              f"{num('tokens_per_s', '.0f'):>10}"
               f"{num('peak_memory_mib', '.0f'):>10}{num('mfu', '.3f'):>7}{num('time_ratio_to_kd', '.2f'):>6}  {r.get('status')}"
               + (f" (max |diff| {r['max_abs_diff']:.2e})" if r.get("max_abs_diff") is not None else ""))
     print(f"wrote {path} ({time.monotonic() - check.t0:.0f} s)")

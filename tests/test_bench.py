@@ -24,6 +24,7 @@ def test_bench_writes_the_table_with_ratios_to_plain_kd(tmp_path):
     assert float(rows["kd"]["time_ratio_to_kd"]) == 1.0 and float(rows["kd"]["memory_ratio_to_kd"]) == 1.0
     for r in rows.values():
         assert float(r["step_time_ms"]) > 0 and float(r["step_cpu_ms"]) > 0 and float(r["peak_memory_mib"]) > 0
+        assert 0 < float(r["optimizer_cpu_ms"]) < float(r["step_cpu_ms"]) and 0 < float(r["optimizer_ms"]) < float(r["step_time_ms"])
         assert int(r["measured_steps"]) == 3 and r["teacher_hidden"] == "32" and r["device"] == "cpu"
     # Each parametrised weight is materialised once per step: 2 layers x 7 matrices + embedding + head
     # for slice; dense drops the 3 MLP parametrisations per layer; kd has none.

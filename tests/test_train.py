@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,8 @@ def test_training_lowers_the_loss_and_logs_every_term(tmp_path):
     assert [x["step"] for x in lines] == [5, 10, 15, 20, 25, 30]
     for key in ("loss", "ce", "lr", "grad_norm", "tokens_per_s", "tokens"):
         assert all(math.isfinite(x[key]) for x in lines), key
+    # the optimiser step's own time is a part of the step's
+    assert all(0 < x["optimizer_cpu_s_per_step"] <= x["cpu_s_per_step"] and x["optimizer_s_per_step"] > 0 for x in lines)
     assert lines[-1]["loss"] < lines[0]["loss"] - 0.3  # 16 rows memorised a little
     assert lines[0]["lr"] > lines[-1]["lr"]
     assert summary["peak_memory_mib"] > 0
@@ -184,3 +187,23 @@ def test_resume_survives_a_torn_metrics_line(tmp_path):
     assert summary["resumed_from"].endswith(ckpt.step_dir_name(2))
     steps = [json.loads(x)["step"] for x in Path(summary["metrics"]).read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+
+
+def test_the_optimiser_step_time_is_what_runs_inside_the_timer(tmp_path):
+    from accelerate import Accelerator
+
+    from lrc.steplog import StepLog
+
+    log = StepLog(Accelerator(cpu=True), tmp_path, steps=2, start_step=0, tokens_per_step=4, progress=False)
+    for step in range(2):
+        log.record(step, torch.ones(3), ["ce"])  # [loss, ce, grad_norm]
+        with log.timing_optimizer():
+            time.sleep(0.05)  # wall, not CPU
+            busy = time.process_time() + 0.05
+            while time.process_time() < busy:
+                pass
+    log.write(2, 1e-3)
+    record = json.loads((tmp_path / ckpt.METRICS_FILE).read_text())
+    assert 0.1 <= record["optimizer_s_per_step"] < record["elapsed_s"] / 2 + 0.01
+    assert 0.05 <= record["optimizer_cpu_s_per_step"] <= record["cpu_s_per_step"]
+    assert record["optimizer_s_per_step"] - record["optimizer_cpu_s_per_step"] >= 0.04  # the sleep counts as wall only
