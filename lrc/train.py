@@ -332,13 +332,11 @@ def resume(run: Run) -> tuple[int, str | None, dict[str, Any] | None]:
 # ---- the training step --------------------------------------------------------------------
 
 
-def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn.Parameter],
-               time_optimizer=contextlib.nullcontext) -> tuple[torch.Tensor, list[str], float]:
+def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn.Parameter], time_optimizer=contextlib.nullcontext) -> tuple[torch.Tensor, list[str], float]:
     """One optimiser step: forward/backward over the micro-batches, clip, step, schedule.
 
     Returns ``[loss, terms..., grad_norm]`` on the device (no host sync), the term names
-    and the learning rate the update used. ``time_optimizer``: a context manager around the
-    optimiser's step (:meth:`lrc.steplog.StepLog.timing_optimizer`).
+    and the learning rate the update used; ``time_optimizer`` wraps the optimiser's step.
     """
     acc, accum = run.accelerator, run.accum
     step_sum, names = None, None
