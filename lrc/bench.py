@@ -188,8 +188,8 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     on_gpu = torch.device(summary["device"]).type == "cuda"
     records = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
     tokens_per_step = per_step * args.seq_len
-    times = [tokens_per_step / r["tokens_per_s"] for r in records[args.warmup_steps:]]
     measured = records[args.warmup_steps:]
+    times = [tokens_per_step / r["tokens_per_s"] for r in measured]
     return {
         "arm": arm,
         "step_times_s": times,
