@@ -1,4 +1,4 @@
-"""What produced an output: resolved settings, code revision and library versions.
+"""What produced an output: resolved settings, code revision, library versions and machine.
 
 Every stage calls :func:`write_settings` on its output directory, so any result can
 be traced back to the exact settings and code that made it.
@@ -7,6 +7,8 @@ be traced back to the exact settings and code that made it.
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -42,6 +44,36 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
+def _cpu_model() -> str | None:
+    """``model name (family F, model M)`` from /proc/cpuinfo: virtual machines often give only the brand."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines() if ":" in line)
+    except OSError:
+        return platform.processor() or None
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    name = fields.get("model name") or platform.processor() or None
+    if name and "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
+
+
+def machine() -> dict[str, Any]:
+    """The hardware a result was computed on.
+
+    Recorded because the CPU changes results: BLAS and oneDNN choose their kernels by
+    instruction set (``cpu_capability``), and training amplifies the different rounding (the
+    tiny table moved between two machines with bitwise-identical code and packages).
+    """
+    import torch
+
+    info: dict[str, Any] = {"cpu": _cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        info["cuda"] = torch.version.cuda
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info
+
+
 def to_jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
@@ -62,6 +94,7 @@ def provenance(command: str, settings: Any) -> dict[str, Any]:
         "git_revision": git_revision(),
         "python": sys.version.split()[0],
         "libraries": library_versions(),
+        "machine": machine(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
