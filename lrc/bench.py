@@ -16,7 +16,8 @@ Columns: median step time over all measured steps of all repeats (the first
 per step (this process's CPU seconds: on a shared machine far steadier than wall time; with
 ``--threads 1`` it is the compute), the median time of the optimiser step alone, wall (GPU:
 the device's) and CPU (where `core`'s basis change runs: a cost per step, whatever the
-tokens per step; under ``--processes``, process 0's, its waits for the others included), the
+tokens per step; under ``--processes``, process 0's, its waits for the others included, and
+the slowest process's CPU times of the step and of the optimiser step, ``*_max``), the
 peak memory (GPU: CUDA max allocated; CPU: peak RSS of the run, the kernel's mark reset
 after the imports), the part of it above the memory at that point (what the models and the
 step cost; the memory ratio to kd is taken on this part), trainable parameters, and how many
@@ -196,6 +197,8 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
         "step_cpu_s": [r["cpu_s_per_step"] for r in measured],
         "optimizer_s": [r["optimizer_s_per_step"] for r in measured],
         "optimizer_cpu_s": [r["optimizer_cpu_s_per_step"] for r in measured],
+        "step_cpu_max_s": [r["cpu_s_per_step_max"] for r in measured],  # the slowest process's
+        "optimizer_cpu_max_s": [r["optimizer_cpu_s_per_step_max"] for r in measured],
         # GPU: CUDA max allocated (the models and the step only); CPU: peak RSS of the run.
         "peak_memory_mib": summary["peak_memory_mib"] if on_gpu else _peak_rss_mib(),
         "base_memory_mib": 0.0 if on_gpu else base_rss,
@@ -276,6 +279,8 @@ def bench(args: BenchArgs) -> list[dict]:
             "step_cpu_ms": 1000 * statistics.median(cpu),
             "optimizer_ms": 1000 * statistics.median(all_steps("optimizer_s")),
             "optimizer_cpu_ms": 1000 * statistics.median(all_steps("optimizer_cpu_s")),
+            "step_cpu_max_ms": 1000 * statistics.median(all_steps("step_cpu_max_s")),
+            "optimizer_cpu_max_ms": 1000 * statistics.median(all_steps("optimizer_cpu_max_s")),
             "tokens_per_s": args.batch_size * args.micro_batches * args.processes * args.seq_len / statistics.median(times),
             "peak_memory_mib": peak,
             "step_memory_mib": above,
@@ -313,11 +318,11 @@ def write_csv(rows: list[dict], context: dict, path: Path) -> None:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'arm':<20}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}{'opt ms':>9}{'opt cpu':>9}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}{'trainable':>12}{'p-calls':>9}{'o-maps (own)':>14}"
+    head = f"{'arm':<20}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}{'opt ms':>9}{'opt cpu':>9}{'opt max':>9}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}{'trainable':>12}{'p-calls':>9}{'o-maps (own)':>14}"
     lines = [head]
     for r in rows:
         lines.append(f"{r['arm']:<20}{r['step_time_ms']:>10.1f}{r['step_time_iqr_ms']:>9.1f}{r['time_ratio_to_kd']:>7.2f}{r['step_cpu_ms']:>9.1f}{r['cpu_ratio_to_kd']:>7.2f}"
-                     f"{r['optimizer_ms']:>9.1f}{r['optimizer_cpu_ms']:>9.1f}"
+                     f"{r['optimizer_ms']:>9.1f}{r['optimizer_cpu_ms']:>9.1f}{r['optimizer_cpu_max_ms']:>9.1f}"
                      f"{r['peak_memory_mib']:>10.0f}{r['step_memory_mib']:>10.0f}{r['memory_ratio_to_kd']:>7.2f}"
                      f"{r['trainable_params']:>12,}{r['parametrisation_calls_per_step']:>9.0f}"
                      f"{str(r['optimizer_coordinate_maps']) + ' (' + str(r['basis_changes_per_process']) + ')':>14}")

@@ -20,7 +20,9 @@ reads as setup, resume, step, log, finish. Why it looks as it does:
 - **The optimiser step's own time** (``optimizer_s_per_step``, ``optimizer_cpu_s_per_step``):
   where `core`'s basis change lives (:mod:`lrc.optim`), a cost per step whatever the tokens
   per step. On a GPU it is the device's time, from CUDA events read at the log write (no
-  sync per step); under DDP it is process 0's, waits for the other processes included.
+  sync per step); under DDP it is process 0's, waits for the other processes included, and
+  the ``*_max`` keys give the slowest process's (one ``gather`` per log write), so an uneven
+  division of the basis changes between processes shows.
 """
 
 from __future__ import annotations
@@ -130,11 +132,14 @@ class StepLog:
         now = time.perf_counter()
         tok_s = self.window_steps * self.tokens_per_step / max(now - self.t_window, 1e-9)
         cpu_per_step = (time.process_time() - self.cpu_window) / self.window_steps
+        own = [cpu_per_step, self._optimizer_seconds() / self.window_steps, self.optimizer_cpu / self.window_steps]
+        slowest = self.acc.gather(torch.tensor([own], dtype=torch.float64, device=self.acc.device)).amax(0).tolist()
         self.last = {"loss": values[0]} | dict(zip(self.names, values[1:-1])) | {"grad_norm": values[-1]}
         record = {"step": done_step, "tokens": done_step * self.tokens_per_step, **self.last,
-                  "lr": lr_used, "tokens_per_s": tok_s, "cpu_s_per_step": cpu_per_step,
-                  "optimizer_s_per_step": self._optimizer_seconds() / self.window_steps,
-                  "optimizer_cpu_s_per_step": self.optimizer_cpu / self.window_steps, "elapsed_s": now - self.t_start}
+                  "lr": lr_used, "tokens_per_s": tok_s, "cpu_s_per_step": own[0],
+                  "optimizer_s_per_step": own[1], "optimizer_cpu_s_per_step": own[2],
+                  "cpu_s_per_step_max": slowest[0], "optimizer_s_per_step_max": slowest[1],
+                  "optimizer_cpu_s_per_step_max": slowest[2], "elapsed_s": now - self.t_start}
         if self.main:
             with open(self.path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")

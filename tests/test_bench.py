@@ -94,3 +94,5 @@ def test_bench_with_two_processes_divides_the_basis_changes(tmp_path):
     assert (rows["core"]["optimizer_coordinate_maps"], rows["core"]["basis_changes_per_process"]) == ("6", "3")
     assert rows["kd"]["basis_changes_per_process"] == "0" and rows["core"]["processes"] == "2"
     assert float(rows["core"]["tokens_per_s"]) > 0
+    for r in rows.values():  # the slowest process's times, beside process 0's
+        assert float(r["optimizer_cpu_max_ms"]) >= float(r["optimizer_cpu_ms"]) and float(r["step_cpu_max_ms"]) >= float(r["step_cpu_ms"])

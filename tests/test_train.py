@@ -189,6 +189,12 @@ def test_resume_survives_a_torn_metrics_line(tmp_path):
     assert steps == [1, 2, 3, 4]
 
 
+def _busy(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
 def test_the_optimiser_step_time_is_what_runs_inside_the_timer(tmp_path):
     from accelerate import Accelerator
 
@@ -199,11 +205,43 @@ def test_the_optimiser_step_time_is_what_runs_inside_the_timer(tmp_path):
         log.record(step, torch.ones(3), ["ce"])  # [loss, ce, grad_norm]
         with log.timing_optimizer():
             time.sleep(0.05)  # wall, not CPU
-            busy = time.process_time() + 0.05
-            while time.process_time() < busy:
-                pass
+            _busy(0.05)
     log.write(2, 1e-3)
     record = json.loads((tmp_path / ckpt.METRICS_FILE).read_text())
     assert 0.1 <= record["optimizer_s_per_step"] < record["elapsed_s"] / 2 + 0.01
     assert 0.05 <= record["optimizer_cpu_s_per_step"] <= record["cpu_s_per_step"]
     assert record["optimizer_s_per_step"] - record["optimizer_cpu_s_per_step"] >= 0.04  # the sleep counts as wall only
+    assert record["optimizer_cpu_s_per_step_max"] == record["optimizer_cpu_s_per_step"]  # one process: it is the slowest
+
+
+def _slowest_process_worker(rank: int, port: int, ckpt_dir: str) -> None:
+    import os
+
+    from accelerate import Accelerator
+
+    from lrc.steplog import StepLog
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    acc = Accelerator(cpu=True)
+    log = StepLog(acc, Path(ckpt_dir), steps=1, start_step=0, tokens_per_step=4, progress=False)
+    log.record(0, torch.ones(3), ["ce"])
+    with log.timing_optimizer():
+        _busy(0.2 if rank == 1 else 0.0)  # process 1 holds the costly basis changes
+    log.write(1, 1e-3)
+    acc.end_training()
+
+
+def test_the_slowest_process_optimiser_time_is_logged_beside_process_0s(tmp_path):
+    """Under DDP the metrics line has process 0's times and, as *_max, the slowest process's."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_slowest_process_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    record = json.loads((tmp_path / ckpt.METRICS_FILE).read_text())
+    assert record["optimizer_cpu_s_per_step"] < 0.05 <= 0.2 <= record["optimizer_cpu_s_per_step_max"]
+    assert record["cpu_s_per_step_max"] >= record["optimizer_cpu_s_per_step_max"]
+    assert record["optimizer_s_per_step_max"] >= 0.2
