@@ -7,7 +7,8 @@ another (on the CPU the peak is the process's max RSS, which never goes down). R
 rotate the order of the arms, so a machine that slows down over the run is spread evenly.
 
 * ``kd``: the baseline, a standard HF student of the deployed shape (the teacher's config
-  at hidden size r) trained only on the teacher's logits (:class:`lrc.objectives.KDObjective`).
+  at hidden size r) trained only on the teacher's logits (:class:`lrc.objectives.KDObjective`);
+  ``--no-baseline`` leaves it out, and the ratios to it blank (nan).
 * each arm: the LRC student (`slice`, or re-parameterised by :func:`lrc.reach.apply_arm`)
   with :class:`lrc.clone.CloneObjective` (``--recipe``, default ``lrc``).
 
@@ -76,7 +77,9 @@ class BenchArgs:
     teacher: Path = field(metadata={"help": "teacher checkpoint directory, or a config JSON (random weights)"})
     student_hidden: int = field(metadata={"help": "student hidden size r"})
     out: Path = field(metadata={"help": "CSV file to write"})
-    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={"help": "arms to time (kd, the baseline, is always added); ARM:IMPL (core:parametrized) times an arm with another --core-impl"})
+    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={"help": "arms to time (kd, the baseline, is added unless --no-baseline); ARM:IMPL (core:parametrized) times an arm with another --core-impl"})
+    baseline: bool = field(default=True, metadata={"help": "time plain KD first and give every arm's ratios to it; --no-baseline: only --arms, "
+                                                            "the ratios to kd left blank (at large widths, where kd's own run is long)"})
     recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe of the arms"})
     batch_size: int = field(default=8, metadata={"help": "sequences per micro-batch (one forward)"})
     micro_batches: int = field(default=1, metadata={"help": "micro-batches per optimiser step (gradient accumulation)"})
@@ -257,7 +260,9 @@ def bench(args: BenchArgs) -> list[dict]:
     for name in ("batch_size", "micro_batches", "seq_len", "steps", "repeats", "threads", "student_hidden", "processes"):
         if getattr(args, name) < 1:
             raise LRCError(f"--{name.replace('_', '-')} must be >= 1")
-    arms = [BASELINE] + [a for a in dict.fromkeys(args.arms) if a != BASELINE]
+    arms = [BASELINE] * args.baseline + [a for a in dict.fromkeys(args.arms) if a != BASELINE]
+    if not arms:
+        raise LRCError("--no-baseline needs at least one arm in --arms")
     runs: dict[str, list[dict]] = {a: [] for a in arms}
     for rep in range(args.repeats):
         order = arms[rep % len(arms):] + arms[: rep % len(arms)]
@@ -290,11 +295,12 @@ def bench(args: BenchArgs) -> list[dict]:
             "basis_changes_per_process": runs[arm][0]["basis_changes_this_process"],
             "measured_steps": len(times),
         })
-    base = rows[0]
+    nan = float("nan")
+    base = rows[0] if args.baseline else {"step_time_ms": nan, "step_cpu_ms": nan, "step_memory_mib": nan}
     for row in rows:
         row["time_ratio_to_kd"] = row["step_time_ms"] / base["step_time_ms"]
         row["cpu_ratio_to_kd"] = row["step_cpu_ms"] / base["step_cpu_ms"]
-        row["memory_ratio_to_kd"] = row["step_memory_mib"] / base["step_memory_mib"] if base["step_memory_mib"] > 0 else float("nan")
+        row["memory_ratio_to_kd"] = row["step_memory_mib"] / base["step_memory_mib"] if base["step_memory_mib"] > 0 else nan
     return rows
 
 

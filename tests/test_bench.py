@@ -34,6 +34,20 @@ def test_bench_writes_the_table_with_ratios_to_plain_kd(tmp_path):
     assert json.loads((tmp_path / "bench.csv.settings.json").read_text())["command"] == "bench"
 
 
+def test_bench_without_the_baseline_times_only_the_arms_asked_for(tmp_path):
+    from lrc.bench import main
+
+    cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True}
+    (tmp_path / "teacher.json").write_text(json.dumps(cfg))
+    out = tmp_path / "bench.csv"
+    assert main(["--teacher", str(tmp_path / "teacher.json"), "--student-hidden", "16", "--arms", "dense", "--no-baseline",
+                 "--steps", "1", "--warmup-steps", "0", "--repeats", "1", "--batch-size", "2", "--seq-len", "16", "--out", str(out)]) == 0
+    (row,) = csv.DictReader(out.open())
+    assert row["arm"] == "dense" and float(row["step_cpu_ms"]) > 0
+    assert [row[k] for k in ("time_ratio_to_kd", "cpu_ratio_to_kd", "memory_ratio_to_kd")] == ["nan"] * 3
+
+
 def test_bench_rejects_an_unknown_arm(tmp_path):
     from lrc.bench import BenchArgs, bench
 
