@@ -47,10 +47,10 @@ def library_versions() -> dict[str, str | None]:
 def _cpu_model() -> str | None:
     """``model name (family F, model M)`` from /proc/cpuinfo: virtual machines often give only the brand."""
     try:
-        fields = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines() if ":" in line)
+        first_cpu = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
     except OSError:
         return platform.processor() or None
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first_cpu.splitlines())}
     name = fields.get("model name") or platform.processor() or None
     if name and "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']}, model {fields['model']})"

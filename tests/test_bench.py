@@ -10,12 +10,17 @@ import pytest
 from lrc.errors import LRCError
 
 
+def _write_teacher_config(tmp_path, layers: int = 2) -> None:
+    """tmp_path/teacher.json: a tiny random llama teacher for `lrc bench --teacher`."""
+    cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": layers,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True}
+    (tmp_path / "teacher.json").write_text(json.dumps(cfg))
+
+
 def test_bench_writes_the_table_with_ratios_to_plain_kd(tmp_path):
     from lrc.bench import main
 
-    cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True}
-    (tmp_path / "teacher.json").write_text(json.dumps(cfg))
+    _write_teacher_config(tmp_path)
     out = tmp_path / "bench.csv"
     assert main(["--teacher", str(tmp_path / "teacher.json"), "--student-hidden", "16", "--arms", "slice", "dense",
                  "--steps", "3", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--seq-len", "16", "--out", str(out)]) == 0
@@ -37,9 +42,7 @@ def test_bench_writes_the_table_with_ratios_to_plain_kd(tmp_path):
 def test_bench_without_the_baseline_times_only_the_arms_asked_for(tmp_path):
     from lrc.bench import main
 
-    cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": 1,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True}
-    (tmp_path / "teacher.json").write_text(json.dumps(cfg))
+    _write_teacher_config(tmp_path, layers=1)
     out = tmp_path / "bench.csv"
     assert main(["--teacher", str(tmp_path / "teacher.json"), "--student-hidden", "16", "--arms", "dense", "--no-baseline",
                  "--steps", "1", "--warmup-steps", "0", "--repeats", "1", "--batch-size", "2", "--seq-len", "16", "--out", str(out)]) == 0
@@ -60,9 +63,7 @@ def test_bench_rejects_an_unknown_arm(tmp_path):
 def test_bench_micro_batches_and_the_core_basis_change_in_the_optimiser(tmp_path):
     from lrc.bench import main
 
-    cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True}
-    (tmp_path / "teacher.json").write_text(json.dumps(cfg))
+    _write_teacher_config(tmp_path)
     rows = {}
     for impl in ("optimizer", "parametrized"):
         out = tmp_path / f"{impl}.csv"
@@ -80,9 +81,7 @@ def test_bench_micro_batches_and_the_core_basis_change_in_the_optimiser(tmp_path
 def test_bench_with_activation_checkpointing_builds_each_weight_once_per_step(tmp_path):
     from lrc.bench import main
 
-    cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True}
-    (tmp_path / "teacher.json").write_text(json.dumps(cfg))
+    _write_teacher_config(tmp_path)
     out = tmp_path / "bench.csv"
     assert main(["--teacher", str(tmp_path / "teacher.json"), "--student-hidden", "16", "--arms", "slice", "--activation-checkpointing",
                  "--loss-impl", "reference", "--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2",
@@ -98,9 +97,7 @@ def test_bench_with_two_processes_divides_the_basis_changes(tmp_path):
     core's 6 basis changes per step, and the step takes twice the sequences."""
     from lrc.bench import main
 
-    cfg = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 96, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "tie_word_embeddings": True}
-    (tmp_path / "teacher.json").write_text(json.dumps(cfg))
+    _write_teacher_config(tmp_path)
     out = tmp_path / "bench.csv"
     assert main(["--teacher", str(tmp_path / "teacher.json"), "--student-hidden", "16", "--arms", "core", "--processes", "2",
                  "--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--seq-len", "16", "--out", str(out)]) == 0
