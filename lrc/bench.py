@@ -221,6 +221,8 @@ def _worker(payload: str) -> None:
         result = run_one(spec["arm"], args, Path(work))
     if int(os.environ.get("RANK", "0")) == 0:  # (under torchrun: process 0 speaks for the run)
         print("LRC_BENCH_RESULT " + json.dumps(result), flush=True)
+    if torch.distributed.is_initialized():  # as lrc.cli.end_process_group: no abort at exit
+        torch.distributed.destroy_process_group()
 
 
 def _spawn(arm: str, args: BenchArgs) -> dict:

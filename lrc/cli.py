@@ -56,10 +56,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Modules serving several commands dispatch on the command name.
         entry = getattr(module, f"main_{command}", None) or module.main
-        return int(entry(rest) or 0)
+        code = int(entry(rest) or 0)
     except LRCError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    end_process_group()
+    return code
+
+
+def end_process_group() -> None:
+    """End a finished command's process group (an `accelerate launch` run) while the interpreter
+    is whole. Left to the interpreter's exit, gloo's worker threads can abort the process
+    (SIGABRT, "terminate called without an active exception") after its outputs are written,
+    and Snakemake or SLURM then count the job as failed. Only after success: a process that
+    failed may leave the others inside a collective, where destroying the group can hang."""
+    dist = sys.modules.get("torch.distributed")  # never imported here: `lrc --help` stays fast
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _print_usage(stream=sys.stdout) -> None:

@@ -248,6 +248,7 @@ def placement(out: Path, kind: str) -> None:
     seen["after"] = {"dtensors": sum(isinstance(p, DTensor) for p in student.parameters()), "tied": tied_of(student),
                      "plain_class": type(student).__name__ == type(teacher).__name__}
     (out / f"placement-{r.accelerator.process_index}.json").write_text(json.dumps(seen))
+    r.accelerator.end_training()  # destroys the process group: gloo left to the exit can abort
 
 
 if __name__ == "__main__":

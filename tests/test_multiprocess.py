@@ -93,6 +93,24 @@ def test_two_processes_follow_one_process(tmp_path, kind):
     assert diff < 1e-4
 
 
+def test_a_finished_command_ends_its_process_group(tmp_path):
+    """`lrc` destroys the process group once a command has succeeded (left to the interpreter's
+    exit, gloo's threads aborted a finished 2-process run with SIGABRT in CI), and leaves it to
+    a failed command, whose peers may still wait inside a collective."""
+    import torch.distributed as dist
+
+    from lrc.cli import main as lrc_main
+
+    audit = ["audit", str(REPO / "config" / "teachers" / "llama3.2-3b.json"), "--student-hidden"]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert lrc_main(audit + ["3072"]) == 2 and dist.is_initialized()  # refused: r must be below H
+        assert lrc_main(audit + ["1536"]) == 0 and not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_ddp_gradients_are_bucket_views_and_buffers_not_broadcast():
     from lrc.train import TrainArgs, _accelerator
 
@@ -141,5 +159,8 @@ def test_fsdp_wraps_the_decoder_layers_of_both_architectures():
 
 
 if __name__ == "__main__":
+    from lrc.cli import end_process_group  # a launched script ends its process group as `lrc` does
+
     torch.set_num_threads(1)
     run_training(Path(sys.argv[1]), sys.argv[2])
+    end_process_group()

@@ -268,5 +268,8 @@ def test_two_checkpointed_processes_follow_one(tmp_path):
 
 
 if __name__ == "__main__":
+    from lrc.cli import end_process_group  # a launched script ends its process group as `lrc` does
+
     torch.set_num_threads(1)
     run_training(Path(sys.argv[1]))
+    end_process_group()

@@ -190,8 +190,10 @@ def test_resume_survives_a_torn_metrics_line(tmp_path):
 
 
 def _busy(seconds: float) -> None:
-    end = time.process_time() + seconds
-    while time.process_time() < end:
+    """At least ``seconds`` of this process's CPU time and of wall time (other threads, gloo's,
+    can advance the process's CPU clock faster than the wall clock)."""
+    end_cpu, end_wall = time.process_time() + seconds, time.perf_counter() + seconds
+    while time.process_time() < end_cpu or time.perf_counter() < end_wall:
         pass
 
 
