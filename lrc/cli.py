@@ -68,8 +68,8 @@ def end_process_group() -> None:
     """End a finished command's process group (an `accelerate launch` run) while the interpreter
     is whole. Left to the interpreter's exit, gloo's worker threads can abort the process
     (SIGABRT, "terminate called without an active exception") after its outputs are written,
-    and Snakemake or SLURM then count the job as failed. Only after success: a process that
-    failed may leave the others inside a collective, where destroying the group can hang."""
+    and Snakemake or SLURM then count the job as failed. Not after an error: a process that
+    raised may leave the others inside a collective, where destroying the group can hang."""
     dist = sys.modules.get("torch.distributed")  # never imported here: `lrc --help` stays fast
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -107,3 +107,31 @@ def test_bench_with_two_processes_divides_the_basis_changes(tmp_path):
     assert float(rows["core"]["tokens_per_s"]) > 0
     for r in rows.values():  # the slowest process's times, beside process 0's
         assert float(r["optimizer_cpu_max_ms"]) >= float(r["optimizer_cpu_ms"]) and float(r["step_cpu_max_ms"]) >= float(r["step_cpu_ms"])
+
+
+def test_interleaved_steps_alternate_the_arms_in_one_process(tmp_path):
+    """scripts/interleaved_steps.py: one unmeasured round, then each measured round runs one real
+    training step of every arm, in alternating order; each step splits into forward/backward and
+    the optimiser step, where core's basis change runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    _write_teacher_config(tmp_path)
+    out = tmp_path / "steps.csv"
+    proc = subprocess.run([sys.executable, str(repo / "scripts" / "interleaved_steps.py"), "--teacher", str(tmp_path / "teacher.json"),
+                           "--student-hidden", "16", "--arms", "dense", "core", "--seq-len", "16", "--batch-size", "2",
+                           "--micro-batches", "2", "--rounds", "4", "--project", "24", "--out", str(out)],
+                          capture_output=True, text=True, cwd=repo, env=os.environ | {"PYTHONPATH": str(repo)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["round"], r["arm"]) for r in rows] == [("1", "core"), ("1", "dense"), ("2", "dense"), ("2", "core"),
+                                                      ("3", "core"), ("3", "dense"), ("4", "dense"), ("4", "core")]
+    for r in rows:
+        assert float(r["fb_cpu_s"]) + float(r["optimizer_cpu_s"]) == pytest.approx(float(r["step_cpu_s"]))
+        assert 0 < float(r["optimizer_cpu_s"]) < float(r["step_cpu_s"])
+    table = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines() if line.split()[:1] in (["dense"], ["core"])}
+    assert [float(x) for x in table["dense"][3:]] == [1.0, 1.0, 1.0]  # the reference arm's own ratios
+    assert len(table["core"]) == 6 and all(float(x) > 0 for x in table["core"][3:])  # two paired ratios, one projection
