@@ -16,9 +16,9 @@ optimiser step; the ratios to the first arm are taken within a round, then their
 same for `dense` and `core` when their forwards are equal. With ``fb`` per micro-batch and
 the optimiser step (a fixed cost per step) the ratio at ``N`` micro-batches of the same size
 per step is ``(N * fb_arm + opt_arm) / (N * fb_first + opt_first)``, taken in each round
-and then the median: ``--project N`` prints it. ``--forward-backward-only`` drops the optimiser step, so that the
-rounds are short and the pairing fine, for the question whether the arms' forwards and
-backwards cost the same.
+and then the median: ``--project N`` prints it. ``--forward-backward-only`` drops the
+optimiser step, so that the rounds are short and the pairing fine, for the question whether
+the arms' forwards and backwards cost the same.
 """
 
 from __future__ import annotations
@@ -100,10 +100,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="CSV of every measured step")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    teacher = load_bench_teacher(a.teacher, seed=0)
-    needs_bases = any(arm.partition(":")[0] in BASIS_ARMS for arm in a.arms)
-    bases = (load_bases(a.bases) if a.bases else compute_bases(teacher)) if needs_bases else None
-    del teacher
+    bases = None
+    if any(arm.partition(":")[0] in BASIS_ARMS for arm in a.arms):
+        bases = load_bases(a.bases) if a.bases else compute_bases(load_bench_teacher(a.teacher, seed=0))
     steps = a.rounds + 1
     prepared = {arm: prepare(arm, a, bases, steps) for arm in a.arms}
     rows = []
