@@ -5,8 +5,15 @@ Everything goes through the package's commands (`lrc bench`, `lrc svd`, `lrc war
 `lrc distill`, `lrc merge`), each a subprocess, so what is measured is what a run does.
 A time budget (``--budget-s``) is kept: a stage that the time left cannot hold (estimated from
 the stages already run) is skipped and its row says so. The stages every check needs (the
-2-layer bench, the svd, the round trip) are never skipped; past the budget each still gets
-120 s before it is killed, so a slow machine cannot turn them into budget skips.
+2-layer bench and its plan, the svd, the round trip) are never skipped; past the budget each
+still gets 120 s before it is killed, so a slow machine cannot turn them into budget skips.
+
+Peak memory vs the planner: each arm's bench row carries `lrc plan`'s traced peak for the same
+step (teacher config, r, micro-batch, sequence, precision, one GPU) and the measured peak over it.
+Measured is the bench's memory above what the process held before loading the models: on a GPU
+CUDA's max allocated (what the planner predicts); on the CPU the rise of the peak RSS, which
+carries the allocator's and the libraries' overhead, so the dry mode's ratio says only that the
+columns are filled. Plain KD has no plan (the planner plans distillation arms).
 
 MFU: model FLOPs per trained token = 6 · (student matmul parameters) + 2 · (teacher matmul
 parameters) (forward+backward of the student, forward of the teacher; attention's
@@ -112,17 +119,38 @@ def bench_rows(check: Check, cfg: dict, cfg_path: Path, layers: int, arms: list[
                      estimate=estimate)
     if wall is None:
         return
+    planned = plan_peaks(check, cfg_path, cfg, [arm for arm in arms if arm != "kd"], tag, required=layers == 2)
     flops_per_token = 6 * matmul_params(cfg, a.student_hidden) + 2 * matmul_params(cfg, cfg["hidden_size"])
     peak = peak_flops(a.device)
     with open(csv_path) as fh:
         for r in csv.DictReader(fh):
             if any(row.get("stage") == "bench" and row.get("layers") == layers and row.get("arm") == r["arm"] for row in check.rows):
                 continue  # kd again in a second call
-            tps = float(r["tokens_per_s"])
+            tps, measured, plan = float(r["tokens_per_s"]), float(r["step_memory_mib"]), planned.get(r["arm"])
             check.rows.append({"stage": "bench", "status": "ok", "layers": layers, "arm": r["arm"], "step_time_ms": float(r["step_time_ms"]),
                                "optimizer_ms": float(r["optimizer_ms"]), "tokens_per_s": round(tps, 1), "peak_memory_mib": float(r["peak_memory_mib"]),
+                               "step_memory_mib": measured, "planned_peak_mib": round(plan, 1) if plan else None,
+                               "peak_vs_plan": round(measured / plan, 3) if plan else None,
                                "mfu": round(flops_per_token * tps / peak, 4) if peak else None,
                                "time_ratio_to_kd": float(r["time_ratio_to_kd"]), "wall_s": round(wall, 1)})
+
+
+def plan_peaks(check: Check, cfg_path: Path, cfg: dict, arms: list[str], tag: str, required: bool) -> dict[str, float]:
+    """`lrc plan`'s traced peak (MiB) of each arm's step as the bench ran it; {} if skipped or failed."""
+    a = check.args
+    if not arms:
+        return {}
+    out = check.out / f"plan-{tag}.json"
+    # The 2-layer plan (of every arm) is never skipped; a plan's time per arm grows about as
+    # layers / 4 from it (on one CPU core at these widths: 2 layers 22 s for 5 arms, 28 layers 62 s for 2).
+    per_arm_2l = check.durations.get("plan-2l", 20.0) / len(a.arms)
+    estimate = 0.0 if required else per_arm_2l * len(arms) * cfg["num_hidden_layers"] / 4
+    wall = check.lrc(f"plan-{tag}", "plan", "--teacher-config", str(cfg_path), "--student-hidden", str(a.student_hidden), "--arms", *arms,
+                     "--micro-batch-size", str(a.batch_size), "--seq-len", str(a.seq_len), "--precision", a.precision, "--gpus", "1",
+                     "--no-search", "--out", str(out), estimate=estimate)
+    if wall is None:
+        return {}
+    return {r["arm"]: r["peak"] / 2**20 for r in json.loads(out.read_text())["rows"]}
 
 
 def round_trip(check: Check, cfg: dict, cfg_path: Path) -> None:
@@ -203,19 +231,21 @@ def main() -> int:
 
 
 def write_report(check: Check) -> None:
-    fields = ["stage", "status", "layers", "arm", "step_time_ms", "optimizer_ms", "tokens_per_s", "peak_memory_mib", "mfu", "time_ratio_to_kd", "max_abs_diff", "wall_s"]
+    fields = ["stage", "status", "layers", "arm", "step_time_ms", "optimizer_ms", "tokens_per_s", "peak_memory_mib", "step_memory_mib",
+              "planned_peak_mib", "peak_vs_plan", "mfu", "time_ratio_to_kd", "max_abs_diff", "wall_s"]
     path = check.out / "gpu-check.csv"
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
         w.writeheader()
         for r in check.rows:
             w.writerow({k: r.get(k) for k in fields})
-    print(f"\n{'stage':<10}{'layers':>7} {'arm':<9}{'step ms':>10}{'opt ms':>9}{'tok/s':>10}{'peak MiB':>10}{'MFU':>7}{'x kd':>6}  status")
+    print(f"\n{'stage':<10}{'layers':>7} {'arm':<9}{'step ms':>10}{'opt ms':>9}{'tok/s':>10}{'peak MiB':>10}{'plan MiB':>10}{'x plan':>7}"
+          f"{'MFU':>7}{'x kd':>6}  status")
     for r in check.rows:
         num = lambda k, f: format(r[k], f) if r.get(k) is not None else "-"  # noqa: E731
         print(f"{r['stage']:<10}{num('layers', 'd'):>7} {r.get('arm') or '-':<9}{num('step_time_ms', '.1f'):>10}{num('optimizer_ms', '.1f'):>9}"
               f"{num('tokens_per_s', '.0f'):>10}"
-              f"{num('peak_memory_mib', '.0f'):>10}{num('mfu', '.3f'):>7}{num('time_ratio_to_kd', '.2f'):>6}  {r.get('status')}"
+              f"{num('peak_memory_mib', '.0f'):>10}{num('planned_peak_mib', '.0f'):>10}{num('peak_vs_plan', '.2f'):>7}{num('mfu', '.3f'):>7}{num('time_ratio_to_kd', '.2f'):>6}  {r.get('status')}"
               + (f" (max |diff| {r['max_abs_diff']:.2e})" if r.get("max_abs_diff") is not None else ""))
     print(f"wrote {path} ({time.monotonic() - check.t0:.0f} s)")
 

@@ -1,6 +1,6 @@
 """scripts/gpu-check runs end to end in its dry mode (`--device cpu`, tiny widths), in this
-environment (`--no-venv`): bench of plain KD and one arm, svd, the merge round trip, the CSV and
-the table; a small budget makes it skip the all-layers stage, and the skip is in the CSV."""
+environment (`--no-venv`): bench of plain KD and one arm (with the arm's planned peak), svd, the
+merge round trip, the CSV and the table; a small budget makes it skip the all-layers stage, and the skip is in the CSV."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ def test_gpu_check_dry_mode_on_the_cpu(tmp_path):
     assert set(bench) == {"kd", "core"} and all(r["status"] == "ok" and r["layers"] == "2" for r in bench.values())
     assert all(float(r["tokens_per_s"]) > 0 and float(r["peak_memory_mib"]) > 0 for r in bench.values())
     assert bench["kd"]["mfu"] == ""  # no GPU peak to divide by
+    # the planner's prediction beside the measured peak: for the arm, not for plain KD (no plan)
+    assert float(bench["core"]["planned_peak_mib"]) > 0 and float(bench["core"]["peak_vs_plan"]) > 0
+    assert bench["kd"]["planned_peak_mib"] == "" and bench["kd"]["peak_vs_plan"] == ""
     stages = {r["stage"]: r for r in rows}
     assert stages["svd"]["status"] == "ok"
     assert stages["merge"]["status"] == "ok" and float(stages["merge"]["max_abs_diff"]) <= 1e-5
