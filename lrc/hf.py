@@ -141,6 +141,19 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype, role: str = "
     return model.eval()
 
 
+def cast_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast ``model``'s floating-point parameters to ``dtype`` in place; its buffers keep theirs.
+
+    ``Module.to(dtype)`` casts the buffers too, RoPE's ``inv_freq`` among them: in bf16 its
+    rounding turns the rotary angle at position 2047 by up to 3.7 rad (theta 5e5, head_dim 128,
+    as Llama-3.2). ``from_pretrained(dtype=torch.bfloat16)`` keeps that buffer in fp32; so does
+    this. The Parameter objects stay (what reads them, :class:`lrc.reach.TeacherTensor`, follows)."""
+    for param in model.parameters():
+        if param.is_floating_point():
+            param.data = param.data.to(dtype)
+    return model
+
+
 def load_teacher(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *, allow_pickle: bool = False) -> nn.Module:
     """A teacher checkpoint (llama or qwen2) via :func:`load_causal_lm`; float32 by default.
 

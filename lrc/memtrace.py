@@ -47,6 +47,7 @@ from transformers import AutoModelForCausalLM
 
 from lrc import recompute
 from lrc.clone import CloneObjective, RecipeArgs
+from lrc.hf import cast_weights
 from lrc.names import MLP_KINDS
 from lrc.reach import BASIS_ARMS, apply_arm
 from lrc.spectral import TeacherBases
@@ -217,7 +218,7 @@ def _build(spec: StepSpec):
     if spec.activation_checkpointing:
         recompute.enable(student)  # what lrc.train.setup does; train_step opens recompute.micro_batch
     if spec.precision == "bf16":
-        teacher.to(dtype=torch.bfloat16)  # lrc.train.place_teacher's cast on a GPU
+        cast_weights(teacher, torch.bfloat16)  # lrc.train.place_teacher's cast on a GPU
     return teacher, student, objective
 
 

@@ -76,7 +76,7 @@ from torch.utils.data import DataLoader, Dataset
 from lrc import checkpoint as ckpt
 from lrc import recompute, sharding
 from lrc.errors import LRCError
-from lrc.hf import trainable_parameters
+from lrc.hf import cast_weights, trainable_parameters
 from lrc.optim import CoordinateAdamW, coordinate_maps
 from lrc.options import check_choice
 from lrc.steplog import StepLog
@@ -266,12 +266,15 @@ def _optimizer(model: torch.nn.Module, args: TrainArgs, steps: int):
 
 
 def place_teacher(objective: Objective, accelerator: Accelerator, mixed: str) -> None:
-    """Move the objective's frozen teacher to the device (bf16 under GPU mixed precision).
+    """Move the objective's frozen teacher to the device, its weights bf16 under GPU mixed
+    precision (its buffers, RoPE's inv_freq, stay fp32: :func:`lrc.hf.cast_weights`).
     Replicated and never wrapped: it has no gradients to shard or synchronise. The objective
     froze it already (:func:`lrc.hf.freeze_teacher`); the loop only places it."""
     teacher = getattr(objective, "teacher", None)
     if isinstance(teacher, torch.nn.Module):
-        teacher.to(accelerator.device, dtype=torch.bfloat16 if (mixed == "bf16" and accelerator.device.type == "cuda") else None)
+        teacher.to(accelerator.device)
+        if mixed == "bf16" and accelerator.device.type == "cuda":
+            cast_weights(teacher, torch.bfloat16)
 
 
 def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: TrainArgs, ckpt_dir: Path) -> Run:

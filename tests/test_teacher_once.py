@@ -12,6 +12,7 @@ import torch
 from torch.nn.utils import parametrize
 
 from lrc.clone import CloneObjective, RecipeArgs
+from lrc.hf import cast_weights
 from lrc.memtrace import StepSpec, trace_step
 from lrc.names import ARMS
 from lrc.reach import apply_arm
@@ -48,7 +49,7 @@ def test_the_student_holds_no_copy_of_a_teacher_weight(kind, arm, dtype):
     teacher = make_teacher(kind)
     student = build_student(teacher, R, seed=1)
     apply_arm(student, teacher, arm, core_impl="parametrized" if arm == "randcomp" else "optimizer")
-    teacher.to(dtype)  # what lrc.train.place_teacher does under bf16 on a GPU, after the build
+    cast_weights(teacher, dtype)  # what lrc.train.place_teacher does under bf16 on a GPU, after the build
     matrices = _teacher_matrices(teacher)
     # Nothing the student holds (parameters, buffers, the coordinate maps' buffers) lives in a
     # teacher storage, nor equals a teacher matrix in any dtype.
@@ -152,9 +153,36 @@ def test_the_plan_counts_each_teacher_weight_once_in_bf16():
     a teacher weight's size more (the fp32 copies were 2x the bf16 teacher)."""
     teacher = make_teacher("llama-untied", vocab_size=512)
     student = build_student(teacher, R)
-    teacher.to(torch.bfloat16)
+    cast_weights(teacher, torch.bfloat16)  # as placed on a GPU: bf16 weights, fp32 rotary tables
     frozen = [p for p in student.parameters() if not p.requires_grad] + [b for b in student.buffers() if b.dim() < 2]
     expected = sum(t.nbytes for t in [*teacher.parameters(), *teacher.buffers(), *frozen])
     result = trace_step(StepSpec(teacher_config=teacher.config, student_hidden=R, arm="slice", micro_batch_size=1, seq_len=32,
                                  precision="bf16"))
     assert result["parts"]["teacher"] == expected
+
+
+def test_a_bf16_teacher_keeps_its_rotary_frequencies_in_fp32():
+    """The bf16 cast of the teacher's weights leaves RoPE's inv_freq in fp32, as
+    from_pretrained(dtype=bf16) does: cast with it, at Llama-3.2's theta and head size the
+    angles up to position 2047 are those of fp32 (cos/sin within bf16's rounding), where
+    Module.to(bf16) turns some by radians."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+                      head_dim=128, vocab_size=16, rope_theta=500000.0, max_position_embeddings=2048)
+    torch.manual_seed(0)
+    fp32 = LlamaForCausalLM(cfg)
+    positions = torch.arange(2048)[None]
+    x = torch.zeros(1, 2048, 128)
+    cos32, sin32 = fp32.model.rotary_emb(x, positions)
+
+    def rotary(model):
+        return [t.float() for t in model.model.rotary_emb(x.bfloat16(), positions)]
+
+    cast = cast_weights(copy.deepcopy(fp32), torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in cast.parameters())
+    assert cast.model.rotary_emb.inv_freq.dtype == torch.float32
+    cos, sin = rotary(cast)
+    assert (cos - cos32).abs().max() < 1e-2 and (sin - sin32).abs().max() < 1e-2
+    cos_to, _ = rotary(copy.deepcopy(fp32).to(torch.bfloat16))  # what the teacher's placement did before
+    assert (cos_to - cos32).abs().max() > 0.5
