@@ -67,6 +67,7 @@ class StepSpec:
     arm: str = "slice"
     micro_batch_size: int = 1
     seq_len: int = 2048
+    micro_batches: int = 1  # forwards per optimiser step (accumulation: the gradients live from the second on)
     precision: str = "fp32"  # fp32 | bf16 (mixed precision: fp32 master weights, autocast)
     recipe: str = "lrc"
     core_impl: str = "optimizer"
@@ -231,7 +232,7 @@ def _prepared(spec: StepSpec):
     """Models, objective and a :class:`lrc.train.Run` for ``spec`` (fake or real tensors,
     whichever mode is active)."""
     teacher, student, objective = _build(spec)
-    targs = TrainArgs(batch_size=spec.micro_batch_size, micro_batch_size=spec.micro_batch_size, precision=spec.precision,
+    targs = TrainArgs(batch_size=spec.micro_batch_size * spec.micro_batches, micro_batch_size=spec.micro_batch_size, precision=spec.precision,
                       warmup=0.0, progress=False, activation_checkpointing=spec.activation_checkpointing,
                       recompute_teacher=spec.recompute_teacher, shard_optimizer=spec.shard_optimizer)
     student.train()
@@ -239,7 +240,7 @@ def _prepared(spec: StepSpec):
     if spec.processes > 1 and hasattr(optimizer, "plan_share"):
         optimizer.plan_share(spec.processes)  # rank 0's share of core's bases and, sharded, of the states (lrc.optim)
     run = Run(args=targs, accelerator=_TraceAccelerator(spec.precision), wrapped=student, bare=student, optimizer=optimizer,
-              scheduler=scheduler, fsdp=False, mixed="bf16" if spec.precision == "bf16" else "no", steps=spec.steps, accum=1,
+              scheduler=scheduler, fsdp=False, mixed="bf16" if spec.precision == "bf16" else "no", steps=spec.steps, accum=spec.micro_batches,
               seq_len=spec.seq_len, n_rows=1, ckpt_dir=Path("."), fingerprint={})
     return teacher, student, objective, run
 
@@ -252,6 +253,14 @@ def trace_step(spec: StepSpec) -> dict:
         batches = _batches(spec, spec.teacher_config.vocab_size)
         tracker = _StepTracker()
         tracker.track_external(teacher, student, run.optimizer)
+        if spec.micro_batches > 1:  # MemTracker follows one call of a module between resets; its peak is kept
+            loss = objective.loss
+
+            def loss_of_one_micro_batch(*args, **kwargs):
+                tracker.reset_mod_stats()
+                return loss(*args, **kwargs)
+
+            objective.loss = loss_of_one_micro_batch
         with tracker:
             for _ in range(spec.steps):
                 train_step(run, objective, batches, trainable)

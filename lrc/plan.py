@@ -51,6 +51,8 @@ class PlanArgs:
     student_hidden: int | None = field(default=None, metadata={"help": "student hidden size r"})
     arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={"help": f"arms to plan, any of {', '.join(ARMS)}"})
     micro_batch_size: int | None = field(default=None, metadata={"help": "sequences per forward on one GPU"})
+    micro_batches: int | None = field(default=None, metadata={"help": "forwards per optimiser step on one GPU (gradient accumulation: the gradients live "
+                                                                        "from the second on; default: the config's batch_size / (micro_batch_size x GPUs), else 1)"})
     seq_len: int | None = field(default=None, metadata={"help": "tokens per sequence"})
     precision: Literal["fp32", "bf16"] | None = field(default=None, metadata={"help": "fp32, or bf16 mixed precision (default: the config's; auto = bf16, as on a GPU)"})
     gpus: int | None = field(default=None, metadata={"help": "GPUs of the run (default: the config's resources.distill.gpu, else 1)"})
@@ -84,6 +86,7 @@ class Setting:
     recompute_teacher: bool = False
     loss_impl: str = "fused"
     shard_optimizer: bool = False
+    micro_batches: int = 1
 
 
 def _experiment(args: PlanArgs) -> tuple[str, dict]:
@@ -125,6 +128,7 @@ def _from_config(args: PlanArgs) -> dict:
         "teacher_config": teacher,
         "student_hidden": _dig(exp, "student", "hidden_size"),
         "micro_batch_size": train.get("micro_batch_size"),
+        "micro_batches": _accumulation(train.get("batch_size"), train.get("micro_batch_size"), _dig(exp, "resources", "distill", "gpu") or 1),
         "seq_len": _dig(exp, "data", "corpus", "seq_len"),
         "precision": "bf16" if precision == "auto" else precision,
         "gpus": _dig(exp, "resources", "distill", "gpu"),
@@ -136,21 +140,28 @@ def _from_config(args: PlanArgs) -> dict:
     }
 
 
+def _accumulation(batch_size, micro_batch_size, gpus) -> int | None:
+    """Forwards per optimiser step on one GPU that a config's batch sizes state (None if they do not)."""
+    if isinstance(batch_size, int) and isinstance(micro_batch_size, int) and isinstance(gpus, int) and micro_batch_size * gpus > 0:
+        return max(1, batch_size // (micro_batch_size * gpus))
+    return None
+
+
 def resolve(args: PlanArgs) -> Setting:
     """Options first, then the config, then defaults; a missing or bad value names its option."""
     known = _from_config(args)
     defaults = {"precision": "bf16", "gpus": 1, "sharding": "ddp", "activation_checkpointing": False, "loss_impl": "fused",
-                "shard_optimizer": False, "recompute_teacher": False}
+                "shard_optimizer": False, "recompute_teacher": False, "micro_batches": 1}
     values = {}
     for name in ("teacher_config", "student_hidden", "micro_batch_size", "seq_len", "precision", "gpus", "sharding", "activation_checkpointing", "loss_impl",
-                 "shard_optimizer", "recompute_teacher"):
+                 "shard_optimizer", "recompute_teacher", "micro_batches"):
         value = getattr(args, name)
         value = known.get(name) if value is None else value
         value = defaults.get(name) if value is None else value
         if value is None:
             raise LRCError(f"--{name.replace('_', '-')} is needed (give it, or a --workflow-config that states it)")
         values[name] = value
-    for name in ("student_hidden", "micro_batch_size", "seq_len", "gpus"):
+    for name in ("student_hidden", "micro_batch_size", "seq_len", "gpus", "micro_batches"):
         if not isinstance(values[name], int) or values[name] < 1:
             raise LRCError(f"--{name.replace('_', '-')} must be a positive integer, got {values[name]!r}")
     check_choice("--precision", values["precision"], ("fp32", "bf16"))
@@ -210,7 +221,8 @@ class Planner:
     def at(self, micro_batch: int) -> dict:
         if micro_batch not in self._memo:
             spec = StepSpec(teacher_config=self.cfg, student_hidden=self.setting.student_hidden, arm=self.arm, micro_batch_size=micro_batch,
-                            seq_len=self.setting.seq_len, precision=self.setting.precision, recipe=self.args.recipe, core_impl=self.args.core_impl,
+                            seq_len=self.setting.seq_len, micro_batches=self.setting.micro_batches, precision=self.setting.precision,
+                            recipe=self.args.recipe, core_impl=self.args.core_impl,
                             loss_impl=self.setting.loss_impl, activation_checkpointing=self.setting.activation_checkpointing,
                             recompute_teacher=self.setting.recompute_teacher,
                             shard_optimizer=self.setting.shard_optimizer, processes=self.setting.gpus if self.setting.sharding == "ddp" else 1)
@@ -277,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = result["setting"]
     print(f"teacher {s['teacher_config']}, r {s['student_hidden']}, seq {s['seq_len']}, {s['precision']}, "
           f"{s['gpus']} GPU(s) {s['sharding']}" + (", optimiser states sharded" if s["shard_optimizer"] else "")
+          + (f", {s['micro_batches']} micro-batches per step" if s["micro_batches"] > 1 else "")
           + (", activation checkpointing" if s["activation_checkpointing"] else "")
           + (" with the teacher recomputed" if s["recompute_teacher"] else "")
           + (f", {s['layers']} layers traced" if s["layers"] else ""))

@@ -42,9 +42,10 @@ def _measured(spec_values: dict, tmp_path: Path) -> int:
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak"]
 
 
-@pytest.mark.parametrize("arm,checkpointed", [("slice", False), ("dense", False), ("slice", True)])
-def test_traced_peak_matches_the_measured_peak_of_a_real_step(arm, checkpointed, small_config, tmp_path):
-    values = {"student_hidden": 128, "arm": arm, "micro_batch_size": 2, "seq_len": 512, "precision": "fp32", "activation_checkpointing": checkpointed}
+@pytest.mark.parametrize("arm,checkpointed,micro_batches", [("slice", False, 1), ("dense", False, 1), ("slice", True, 1), ("dense", False, 3)])
+def test_traced_peak_matches_the_measured_peak_of_a_real_step(arm, checkpointed, micro_batches, small_config, tmp_path):
+    values = {"student_hidden": 128, "arm": arm, "micro_batch_size": 2, "seq_len": 512, "precision": "fp32", "activation_checkpointing": checkpointed,
+              "micro_batches": micro_batches}
     predicted = trace_step(StepSpec(teacher_config=load_model_config(small_config), **values))
     measured = _measured(values | {"teacher_config": str(small_config)}, tmp_path)
     # The measure is the whole process's resident memory (allocator slack, autograd's
@@ -56,6 +57,16 @@ def test_traced_peak_matches_the_measured_peak_of_a_real_step(arm, checkpointed,
     assert 0.80 * measured <= predicted["peak"] <= 1.15 * measured, (predicted, measured)
     assert sum(predicted["parts"].values()) == predicted["peak"]
     assert predicted["parts"]["loss_workspace"] > 0 and predicted["parts"]["optimizer"] > 0
+
+
+def test_accumulated_micro_batches_hold_the_gradients_through_the_next_forward(small_config):
+    """From the second micro-batch of a step on, every fp32 gradient is alive while the next
+    forward runs: with accumulation the peak is one step's plus the gradients (dense, whose
+    gradients are dead at a one-micro-batch step's peak)."""
+    spec = dict(teacher_config=load_model_config(small_config), student_hidden=128, arm="dense", micro_batch_size=2, seq_len=256)
+    one, three = trace_step(StepSpec(**spec)), trace_step(StepSpec(**spec, micro_batches=3))
+    assert one["parts"]["gradients"] == 0 and three["parts"]["gradients"] == three["parts"]["student_weights"] > 0
+    assert three["peak"] - one["peak"] == pytest.approx(three["parts"]["gradients"], abs=4096)  # (and a few scalars)
 
 
 def _planner(config: Path, memory_gib: float) -> Planner:
