@@ -9,7 +9,8 @@ the stages already run) is skipped and its row says so. The stages every check n
 still gets 120 s before it is killed, so a slow machine cannot turn them into budget skips.
 
 Peak memory vs the planner: each arm's bench row carries `lrc plan`'s traced peak for the same
-step (teacher config, r, micro-batch, sequence, precision, one GPU) and the measured peak over it.
+step (teacher config, r, micro-batch and micro-batches per step, sequence, precision, one GPU) and
+the measured peak over it.
 Measured is the bench's memory above what the process held before loading the models: on a GPU
 CUDA's max allocated (what the planner predicts); on the CPU the rise of the peak RSS, which
 carries the allocator's and the libraries' overhead, so the dry mode's ratio says only that the
@@ -67,6 +68,7 @@ class Check:
     def __init__(self, args):
         self.args, self.t0, self.rows = args, time.monotonic(), []
         self.out = Path(args.out)
+        self.work = Path(args.work) if args.work else self.out / "work"
         self.out.mkdir(parents=True, exist_ok=True)
         self.env = os.environ | {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
         self.durations: dict[str, float] = {}
@@ -80,6 +82,7 @@ class Check:
             self.rows.append({"stage": name, "status": f"skipped: needs ~{estimate:.0f} s, {self.left():.0f} s left"})
             print(f"[gpu-check] skip {name}: needs ~{estimate:.0f} s, {self.left():.0f} s left", flush=True)
             return None
+        write_csv(self)
         print(f"[gpu-check] {name}: lrc {' '.join(argv)}", flush=True)
         t = time.monotonic()
         log = self.out / f"{name}.log"
@@ -110,10 +113,14 @@ def write_config(path: Path, base: dict, layers: int) -> dict:
     return cfg
 
 
-def bench_rows(check: Check, cfg: dict, cfg_path: Path, layers: int, arms: list[str], tag: str, estimate: float) -> None:
+def bench_rows(check: Check, cfg: dict, cfg_path: Path, layers: int, arms: list[str], tag: str, estimate: float,
+               bases: Path | None = None) -> None:
+    """`lrc bench` of kd and ``arms`` on the random teacher of ``cfg_path``; ``bases``: its `lrc svd`
+    (else each basis arm's process computes the SVDs on the CPU, minutes at these widths)."""
     a = check.args
     csv_path = check.out / f"bench-{tag}.csv"
     wall = check.lrc(f"bench-{tag}", "bench", "--teacher", str(cfg_path), "--student-hidden", str(a.student_hidden), "--out", str(csv_path),
+                     *(["--bases", str(bases)] if bases else []),
                      "--arms", *arms, "--batch-size", str(a.batch_size), "--micro-batches", str(a.micro_batches), "--seq-len", str(a.seq_len),
                      "--steps", str(a.steps), "--warmup-steps", str(a.warmup_steps), "--repeats", "1", "--threads", str(a.threads), "--precision", a.precision,
                      estimate=estimate)
@@ -146,15 +153,17 @@ def plan_peaks(check: Check, cfg_path: Path, cfg: dict, arms: list[str], tag: st
     per_arm_2l = check.durations.get("plan-2l", 20.0) / len(a.arms)
     estimate = 0.0 if required else per_arm_2l * len(arms) * cfg["num_hidden_layers"] / 4
     wall = check.lrc(f"plan-{tag}", "plan", "--teacher-config", str(cfg_path), "--student-hidden", str(a.student_hidden), "--arms", *arms,
-                     "--micro-batch-size", str(a.batch_size), "--seq-len", str(a.seq_len), "--precision", a.precision, "--gpus", "1",
+                     "--micro-batch-size", str(a.batch_size), "--micro-batches", str(a.micro_batches), "--seq-len", str(a.seq_len),
+                     "--precision", a.precision, "--gpus", "1",
                      "--no-search", "--out", str(out), estimate=estimate)
     if wall is None:
         return {}
     return {r["arm"]: r["peak"] / 2**20 for r in json.loads(out.read_text())["rows"]}
 
 
-def round_trip(check: Check, cfg: dict, cfg_path: Path) -> None:
-    """Random teacher checkpoint -> CUDA svd -> warm start (0 tokens) -> core, 2 steps -> merge (verified)."""
+def teacher_and_bases(check: Check, cfg: dict, cfg_path: Path) -> Path | None:
+    """The random teacher of ``cfg_path`` saved (the weights `lrc bench` makes from the config:
+    seed 0), random token rows, and the teacher's CUDA `lrc svd`; the bases' directory, or None."""
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
@@ -162,24 +171,31 @@ def round_trip(check: Check, cfg: dict, cfg_path: Path) -> None:
     from lrc.pretrain import load_model_config
     from lrc.tokens import write_tokens
 
-    a, work = check.args, check.out / "roundtrip"
-    teacher, data = work / "teacher", work / "data"
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(load_model_config(cfg_path)).save_pretrained(teacher)
+    a, work = check.args, check.work
+    torch.manual_seed(0)  # as lrc.bench.load_bench_teacher: the bases fit the bench's teacher
+    AutoModelForCausalLM.from_config(load_model_config(cfg_path)).save_pretrained(work / "teacher")
     rows = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=(4 * a.batch_size, a.seq_len))
-    write_tokens(data / "train", rows, source="random")
+    write_tokens(work / "data" / "train", rows, source="random")
     dev = ["--device", "cuda"] if a.device == "cuda" else []
-    wall = check.lrc("svd", "svd", "--teacher", str(teacher), "--out", str(work / "bases"), *dev)
-    if wall is not None:
-        check.rows.append({"stage": "svd", "status": "ok", "layers": cfg["num_hidden_layers"], "wall_s": round(wall, 1)})
+    wall = check.lrc("svd", "svd", "--teacher", str(work / "teacher"), "--out", str(work / "bases"), *dev)
+    if wall is None:
+        return None
+    check.rows.append({"stage": "svd", "status": "ok", "layers": cfg["num_hidden_layers"], "wall_s": round(wall, 1)})
+    return work / "bases"
+
+
+def round_trip(check: Check, cfg: dict, bases: Path) -> None:
+    """The saved teacher -> warm start (0 tokens) -> core, 2 steps -> merge (verified)."""
+    a, work = check.args, check.work
+    teacher, data = work / "teacher", work / "data"
     common = ["--teacher", str(teacher), "--data", str(data), "--batch-size", str(a.batch_size), "--micro-batch-size", str(a.batch_size),
               "--threads", str(a.threads), "--no-progress", "--precision", a.precision]
     ok = check.lrc("warmstart", "warmstart", *common, "--student-hidden", str(a.student_hidden), "--tokens", "0", "--out", str(work / "ws"))
-    ok = ok is not None and check.lrc("distill-core", "distill", *common, "--warmstart", str(work / "ws"), "--bases", str(work / "bases"),
+    ok = ok is not None and check.lrc("distill-core", "distill", *common, "--warmstart", str(work / "ws"), "--bases", str(bases),
                                       "--arm", "core", "--tokens", str(2 * a.batch_size * a.seq_len), "--out", str(work / "core")) is not None
     if not ok:
         return
-    wall = check.lrc("merge", "merge", "--state", str(work / "core"), "--teacher", str(teacher), "--bases", str(work / "bases"),
+    wall = check.lrc("merge", "merge", "--state", str(work / "core"), "--teacher", str(teacher), "--bases", str(bases),
                      "--data", str(data / "train"), "--out", str(work / "merged"), "--check-len", str(min(128, a.seq_len)))
     if wall is not None:
         m = json.loads((work / "merged" / "merge_check.json").read_text())
@@ -191,6 +207,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cuda", "cpu"], required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--work", help="scratch directory: the saved teacher, bases, states (GBs on a GPU; default OUT/work)")
     p.add_argument("--budget-s", type=float, default=420.0)
     p.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS, help="arms to time (kd always)")
     args = p.parse_args()
@@ -212,9 +229,11 @@ def main() -> int:
     check = Check(args)
 
     cfg2 = write_config(check.out / "teacher-2l.json", base, 2)
-    bench_rows(check, cfg2, check.out / "teacher-2l.json", 2, args.arms, "2l", 0.0)
+    bases = teacher_and_bases(check, cfg2, check.out / "teacher-2l.json")
+    bench_rows(check, cfg2, check.out / "teacher-2l.json", 2, args.arms, "2l", 0.0, bases)
     per_arm_2l = check.durations.get("bench-2l", 60.0) / (len(args.arms) + 1)
-    round_trip(check, cfg2, check.out / "teacher-2l.json")
+    if bases:
+        round_trip(check, cfg2, bases)
     cfgf = write_config(check.out / f"teacher-{full_layers}l.json", base, full_layers)
     # All-layer estimate: a 2-layer run is mostly fixed cost (start, embedding, head); the
     # students are built on the CPU, and core/randcomp's QR and rotations grow with the layers.
@@ -226,7 +245,6 @@ def main() -> int:
         if arms:
             bench_rows(check, cfgf, check.out / f"teacher-{full_layers}l.json", full_layers, arms, f"{full_layers}l-{part}",
                        (len(arms) + 1) * per_arm_2l * scale * (4 if part == "b" and gpu else 1))
-    add_ratios_to_dense(check.rows)
     write_report(check)
     failed = [r for r in check.rows if r.get("status", "").startswith(("failed", "FAILED"))]
     return 1 if failed else 0
@@ -240,7 +258,9 @@ def add_ratios_to_dense(rows: list[dict]) -> None:
             r["time_ratio_to_dense"] = round(r["step_time_ms"] / dense[r["layers"]], 4)
 
 
-def write_report(check: Check) -> None:
+def write_csv(check: Check) -> Path:
+    """OUT/gpu-check.csv of the rows so far (written before every stage too: a killed check keeps them)."""
+    add_ratios_to_dense(check.rows)
     fields = ["stage", "status", "layers", "arm", "step_time_ms", "optimizer_ms", "tokens_per_s", "peak_memory_mib", "step_memory_mib",
               "planned_peak_mib", "peak_vs_plan", "mfu", "time_ratio_to_kd", "time_ratio_to_dense", "max_abs_diff", "wall_s"]
     path = check.out / "gpu-check.csv"
@@ -249,6 +269,11 @@ def write_report(check: Check) -> None:
         w.writeheader()
         for r in check.rows:
             w.writerow({k: r.get(k) for k in fields})
+    return path
+
+
+def write_report(check: Check) -> None:
+    path = write_csv(check)
     print(f"\n{'stage':<10}{'layers':>7} {'arm':<9}{'step ms':>10}{'opt ms':>9}{'tok/s':>10}{'peak MiB':>10}{'plan MiB':>10}{'x plan':>7}"
           f"{'MFU':>7}{'x kd':>6}{'x dense':>8}  status")
     for r in check.rows:
