@@ -154,8 +154,7 @@ def plan_peaks(check: Check, cfg_path: Path, cfg: dict, arms: list[str], tag: st
     estimate = 0.0 if required else per_arm_2l * len(arms) * cfg["num_hidden_layers"] / 4
     wall = check.lrc(f"plan-{tag}", "plan", "--teacher-config", str(cfg_path), "--student-hidden", str(a.student_hidden), "--arms", *arms,
                      "--micro-batch-size", str(a.batch_size), "--micro-batches", str(a.micro_batches), "--seq-len", str(a.seq_len),
-                     "--precision", a.precision, "--gpus", "1",
-                     "--no-search", "--out", str(out), estimate=estimate)
+                     "--precision", a.precision, "--gpus", "1", "--no-search", "--out", str(out), estimate=estimate)
     if wall is None:
         return {}
     return {r["arm"]: r["peak"] / 2**20 for r in json.loads(out.read_text())["rows"]}
