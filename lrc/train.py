@@ -266,10 +266,8 @@ def _optimizer(model: torch.nn.Module, args: TrainArgs, steps: int):
 
 
 def place_teacher(objective: Objective, accelerator: Accelerator, mixed: str) -> None:
-    """Move the objective's frozen teacher to the device, its weights bf16 under GPU mixed
-    precision (its buffers, RoPE's inv_freq, stay fp32: :func:`lrc.hf.cast_weights`).
-    Replicated and never wrapped: it has no gradients to shard or synchronise. The objective
-    froze it already (:func:`lrc.hf.freeze_teacher`); the loop only places it."""
+    """Move the objective's frozen teacher (replicated, never wrapped: no gradients) to the device; under GPU
+    mixed precision its weights go bf16, its buffers (RoPE's inv_freq) stay fp32 (:func:`lrc.hf.cast_weights`)."""
     teacher = getattr(objective, "teacher", None)
     if isinstance(teacher, torch.nn.Module):
         teacher.to(accelerator.device)
