@@ -270,9 +270,9 @@ def place_teacher(objective: Objective, accelerator: Accelerator, mixed: str) ->
     mixed precision its weights go bf16, its buffers (RoPE's inv_freq) stay fp32 (:func:`lrc.hf.cast_weights`)."""
     teacher = getattr(objective, "teacher", None)
     if isinstance(teacher, torch.nn.Module):
-        teacher.to(accelerator.device)
         if mixed == "bf16" and accelerator.device.type == "cuda":
-            cast_weights(teacher, torch.bfloat16)
+            cast_weights(teacher, torch.bfloat16)  # first: the fp32 teacher never reaches the GPU
+        teacher.to(accelerator.device)
 
 
 def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: TrainArgs, ckpt_dir: Path) -> Run:
