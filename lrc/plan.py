@@ -128,7 +128,7 @@ def _from_config(args: PlanArgs) -> dict:
         "teacher_config": teacher,
         "student_hidden": _dig(exp, "student", "hidden_size"),
         "micro_batch_size": train.get("micro_batch_size"),
-        "micro_batches": _accumulation(train.get("batch_size"), train.get("micro_batch_size"), _dig(exp, "resources", "distill", "gpu") or 1),
+        "batch_size": train.get("batch_size"),
         "seq_len": _dig(exp, "data", "corpus", "seq_len"),
         "precision": "bf16" if precision == "auto" else precision,
         "gpus": _dig(exp, "resources", "distill", "gpu"),
@@ -140,27 +140,25 @@ def _from_config(args: PlanArgs) -> dict:
     }
 
 
-def _accumulation(batch_size, micro_batch_size, gpus) -> int | None:
-    """Forwards per optimiser step on one GPU that a config's batch sizes state (None if they do not)."""
-    if isinstance(batch_size, int) and isinstance(micro_batch_size, int) and isinstance(gpus, int) and micro_batch_size * gpus > 0:
-        return max(1, batch_size // (micro_batch_size * gpus))
-    return None
-
-
 def resolve(args: PlanArgs) -> Setting:
     """Options first, then the config, then defaults; a missing or bad value names its option."""
     known = _from_config(args)
     defaults = {"precision": "bf16", "gpus": 1, "sharding": "ddp", "activation_checkpointing": False, "loss_impl": "fused",
-                "shard_optimizer": False, "recompute_teacher": False, "micro_batches": 1}
+                "shard_optimizer": False, "recompute_teacher": False}
     values = {}
     for name in ("teacher_config", "student_hidden", "micro_batch_size", "seq_len", "precision", "gpus", "sharding", "activation_checkpointing", "loss_impl",
-                 "shard_optimizer", "recompute_teacher", "micro_batches"):
+                 "shard_optimizer", "recompute_teacher"):
         value = getattr(args, name)
         value = known.get(name) if value is None else value
         value = defaults.get(name) if value is None else value
         if value is None:
             raise LRCError(f"--{name.replace('_', '-')} is needed (give it, or a --workflow-config that states it)")
         values[name] = value
+    micro_batches, batch = args.micro_batches, known.get("batch_size")
+    if micro_batches is None:  # the config's sequences per step at this micro-batch and GPUs, else 1
+        fits = isinstance(batch, int) and all(isinstance(values[k], int) and values[k] > 0 for k in ("micro_batch_size", "gpus"))
+        micro_batches = max(1, batch // (values["micro_batch_size"] * values["gpus"])) if fits else 1
+    values["micro_batches"] = micro_batches
     for name in ("student_hidden", "micro_batch_size", "seq_len", "gpus", "micro_batches"):
         if not isinstance(values[name], int) or values[name] < 1:
             raise LRCError(f"--{name.replace('_', '-')} must be a positive integer, got {values[name]!r}")

@@ -129,6 +129,14 @@ def test_a_paper_config_gives_its_distill_settings(tmp_path):
     assert setting.shard_optimizer is exp["distill"]["train"].get("shard_optimizer", False)
 
 
+def test_the_accumulation_follows_the_configs_batch_at_the_plans_micro_batch_and_gpus():
+    config = ROOT / "config/paper/llama3.2-3b.yaml"  # distill: 24 sequences per step, micro-batch 3, 8 GPUs
+    assert resolve(PlanArgs(workflow_config=config)).micro_batches == 1
+    assert resolve(PlanArgs(workflow_config=config, gpus=1)).micro_batches == 8
+    assert resolve(PlanArgs(workflow_config=config, micro_batch_size=1, gpus=2)).micro_batches == 12
+    assert resolve(PlanArgs(workflow_config=config, micro_batches=2)).micro_batches == 2
+
+
 def test_the_command_prints_a_table_and_writes_json(small_config, tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["--teacher-config", str(small_config), "--student-hidden", "128", "--micro-batch-size", "1", "--seq-len", "128",
