@@ -5,7 +5,7 @@
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
-from lrc.workflow_config import yaml_syntax_problem
+from lrc.workflow.config import yaml_syntax_problem
 
 min_version("9.0")
 

@@ -20,6 +20,9 @@ CLAIMS = ("table1", "controls", "cross_recipe", "saturation", "knockout", "sft",
 RECIPES = ("lrc", "kl")
 KL_REDUCTIONS = ("batchmean", "token")
 MLP_KINDS = ("gate", "up", "down")
+# The attribute through which an arm (lrc.method.reach) hands a weight's optimiser coordinates to
+# CoordinateAdamW (lrc.training.optim): the one name the method and the training loop share.
+COORDINATES_ATTR = "optimizer_coordinates"
 
 RUN_FORMAT = "{recipe}-{arm}-s{seed}-t{tokens}"
 SFT_SUFFIX = ".sft"

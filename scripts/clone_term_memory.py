@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 import lrc
-from lrc.bench import load_bench_teacher
-from lrc.clone import CloneObjective, RecipeArgs
-from lrc.student import build_student
+from lrc.commands.bench import load_bench_teacher
+from lrc.method.clone import CloneObjective, RecipeArgs
+from lrc.method.student import build_student
 
 
 def saved_mib(objective, ids) -> float:

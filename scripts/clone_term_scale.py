@@ -17,11 +17,11 @@ from collections import defaultdict
 
 import torch
 
-from lrc.clone import CLONE_TERMS, CloneObjective, RecipeArgs
-from lrc.hf import load_teacher
-from lrc.losses import kl_divergence, next_token_ce
-from lrc.student import build_student, load_lrc_state
-from lrc.tokens import open_token_data
+from lrc.io.hf import load_teacher
+from lrc.io.tokens import open_token_data
+from lrc.method.clone import CLONE_TERMS, CloneObjective, RecipeArgs
+from lrc.method.losses import kl_divergence, next_token_ce
+from lrc.method.student import build_student, load_lrc_state
 
 
 def main() -> None:

@@ -167,11 +167,11 @@ def teacher_and_bases(check: Check, cfg: dict, cfg_path: Path) -> Path | None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from lrc.pretrain import load_model_config
-    from lrc.tokens import write_tokens
+    from lrc.io.hf import load_model_config
+    from lrc.io.tokens import write_tokens
 
     a, work = check.args, check.work
-    torch.manual_seed(0)  # as lrc.bench.load_bench_teacher: the bases fit the bench's teacher
+    torch.manual_seed(0)  # as lrc.commands.bench.load_bench_teacher: the bases fit the bench's teacher
     AutoModelForCausalLM.from_config(load_model_config(cfg_path)).save_pretrained(work / "teacher")
     rows = np.random.default_rng(0).integers(0, cfg["vocab_size"], size=(4 * a.batch_size, a.seq_len))
     write_tokens(work / "data" / "train", rows, source="random")

@@ -7,7 +7,7 @@
 but on a machine whose speed drifts (here by up to 18 % between two runs of one arm at
 Llama-3.2-3B widths) a ratio of two runs minutes apart carries the drift. Here every arm gets
 its own teacher copy (the clone terms hook their teacher), student, objective and optimiser
-(the training loop's own AdamW / CoordinateAdamW and `lrc.train.train_step`: forward and
+(the training loop's own AdamW / CoordinateAdamW and `lrc.training.loop.train_step`: forward and
 backward over ``--micro-batches``, clipping, the optimiser step), and one round runs one step
 of each arm, the order alternating between rounds. After one unmeasured round (AdamW's
 states made), each measured round gives each arm's CPU seconds of the step and of its
@@ -32,14 +32,15 @@ from pathlib import Path
 
 import torch
 
-from lrc.bench import RandomRows, load_bench_teacher
-from lrc.clone import CloneObjective, RecipeArgs
-from lrc.memtrace import _TraceAccelerator  # accelerate's one-process calls, without its global state
-from lrc.reach import BASIS_ARMS, apply_arm
-from lrc.spectral import compute_bases, load_bases
-from lrc.student import build_student
-from lrc.train import Run, TrainArgs, train_step
-from lrc.train import _optimizer as optimizer_and_schedule
+from lrc.commands.bench import RandomRows, load_bench_teacher
+from lrc.method.clone import CloneObjective, RecipeArgs
+from lrc.method.reach import BASIS_ARMS, apply_arm
+from lrc.method.spectral import compute_bases, load_bases
+from lrc.method.student import build_student
+from lrc.training.loop import Run, TrainArgs, optimizer_and_schedule, train_step
+from lrc.training.memory import (
+    _TraceAccelerator,  # accelerate's one-process calls, without its global state
+)
 
 
 class Timed:

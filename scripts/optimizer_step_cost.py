@@ -19,11 +19,11 @@ import time
 
 import torch
 
-from lrc.bench import load_bench_teacher
-from lrc.optim import CoordinateAdamW, coordinate_maps
-from lrc.reach import apply_arm
-from lrc.spectral import compute_bases, load_bases
-from lrc.student import build_student
+from lrc.commands.bench import load_bench_teacher
+from lrc.method.reach import apply_arm
+from lrc.method.spectral import compute_bases, load_bases
+from lrc.method.student import build_student
+from lrc.training.optim import CoordinateAdamW, coordinate_maps
 
 ARMS = [("dense", "optimizer"), ("core", "optimizer"), ("core", "optimizer-wy")]
 

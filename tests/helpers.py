@@ -17,8 +17,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from lrc import checkpoint as ckpt
 from lrc.cli import COMMANDS
+from lrc.training import checkpoint as ckpt
 
 TEACHER_KINDS = ["llama-tied", "llama-untied", "qwen2-tied", "qwen2-untied"]
 
@@ -99,7 +99,7 @@ def write_llama_config(path, vocab_size: int, hidden: int = 32, layers: int = 2)
 def write_corpus(directory, tokenizer, *, rows: int = 64, seq_len: int = 32, seed: int = 0):
     import numpy as np
 
-    from lrc.tokens import write_tokens
+    from lrc.io.tokens import write_tokens
 
     g = np.random.default_rng(seed)
     ids = g.integers(0, len(tokenizer), size=(rows, seq_len))

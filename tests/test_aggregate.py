@@ -8,7 +8,8 @@ import math
 import pandas as pd
 import pytest
 
-from lrc import aggregate, figures
+from lrc.analysis import tables
+from lrc.commands import aggregate, figure
 from lrc.errors import LRCError
 
 LM_EVAL = {"version": "0.4.13", "num_fewshot": 0, "batch_size": 16, "limit": None}
@@ -66,7 +67,7 @@ def test_table1_means_seeds_and_gains_over_slice(evals, tmp_path):
 
 
 def test_sft_table_holds_the_fine_tuned_students_and_the_teacher(evals, tmp_path):
-    frame = aggregate.results_table(aggregate.load_evaluations(evals), sft=True)
+    frame = tables.results_table(tables.load_evaluations(evals), sft=True)
     assert list(frame["arm"]) == ["teacher", "slice"]
     assert frame.loc[1, "model"] == "lrc-slice-t1000.sft"
     assert frame.loc[1, "aggregate"] == pytest.approx(65.0)
@@ -83,7 +84,7 @@ def test_experiments_and_recipes_get_their_own_baseline(tmp_path):
         write_eval(root, "b", "lrc-slice-s0-t10", {"x": 0.1}, 0.1),
         write_eval(root, "b", "lrc-core-s0-t10", {"x": 0.3}, 0.3),
     ]
-    t = aggregate.results_table(aggregate.load_evaluations(files), sft=False)
+    t = tables.results_table(tables.load_evaluations(files), sft=False)
     gain = {(r.experiment, r.recipe, r.arm): r.gain_over_slice for r in t.itertuples()}
     assert gain[("a", "lrc", "core")] == pytest.approx(10.0)
     assert gain[("a", "kl", "core")] == pytest.approx(30.0)
@@ -94,15 +95,15 @@ def test_bad_inputs_are_refused_with_the_culprit(tmp_path):
     root = tmp_path / "results"
     bad_name = write_eval(root, "a", "lrc-slice-0", {"x": 0.5}, 0.5)
     with pytest.raises(LRCError, match="lrc-slice-0"):
-        aggregate.load_evaluations([bad_name])
+        tables.load_evaluations([bad_name])
     broken = root / "a" / "eval" / "teacher.json"
     broken.write_text("{not json")
     with pytest.raises(LRCError, match="teacher.json"):
-        aggregate.load_evaluations([broken])
+        tables.load_evaluations([broken])
     one = write_eval(root, "a", "lrc-slice-s0-t10", {"x": 0.5}, 0.5, metric="acc")
     other = write_eval(root, "a", "lrc-core-s0-t10", {"x": 0.5}, 0.5, metric="acc_norm")
     with pytest.raises(LRCError, match="'x'.*acc_norm"):
-        aggregate.results_table(aggregate.load_evaluations([one, other]), sft=False)
+        tables.results_table(tables.load_evaluations([one, other]), sft=False)
 
 
 def test_audit_table_concatenates_with_the_experiment(tmp_path):
@@ -124,12 +125,12 @@ def test_token_efficiency_figure_writes_png_and_pdf(tmp_path):
     table = tmp_path / "table1.csv"
     aggregate.main(["--table", "table1", "--inputs", *map(str, files), "--out", str(table)])
     png, pdf = tmp_path / "fig.png", tmp_path / "fig.pdf"
-    assert figures.main(["--table", str(table), "--out", str(png), str(pdf)]) == 0
+    assert figure.main(["--table", str(table), "--out", str(png), str(pdf)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert pdf.read_bytes()[:5] == b"%PDF-"
     with pytest.raises(LRCError, match="missing column"):
         (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
-        figures.main(["--table", str(tmp_path / "bad.csv"), "--out", str(png)])
+        figure.main(["--table", str(tmp_path / "bad.csv"), "--out", str(png)])
 
 
 def test_heldout_gains_over_slice_beside_the_task_aggregate(evals, tmp_path):
@@ -165,7 +166,7 @@ def test_heldout_only_evaluations_under_hand_given_names(tmp_path):
         data["suite"], data["aggregate"]["name"] = "none", None
         path.write_text(json.dumps(data))
         files.append(path)
-    t = aggregate.results_table(aggregate.load_evaluations(files), sft=False).set_index("arm")
+    t = tables.results_table(tables.load_evaluations(files), sft=False).set_index("arm")
     assert list(t.index) == ["teacher", "slice", "dense", "core", "my-student"]
     assert t.loc["dense", "model"] == "dense" and t.loc["my-student", "model"] == "my-student"
     assert t.loc["dense", "perplexity_gain_over_slice"] == pytest.approx(math.log(22049 / 10665), abs=1e-6)
@@ -176,7 +177,7 @@ def test_heldout_only_evaluations_under_hand_given_names(tmp_path):
     # A near-miss of a run name is a typo, refused with the culprit.
     typo = write_eval(root, "smol", "lrc-dense-s0", {}, None)
     with pytest.raises(LRCError, match="lrc-dense-s0"):
-        aggregate.load_evaluations([typo])
+        tables.load_evaluations([typo])
 
 
 def test_table1_rows_carry_t_intervals_per_seed_values_and_a_paired_gain(tmp_path):

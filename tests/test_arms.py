@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
+from lrc.method.clone import CloneObjective, RecipeArgs
+from lrc.method.reach import CORE_IMPLS, apply_arm
+from lrc.method.spectral import compute_bases, mlp_teacher_matrix
+from lrc.method.student import build_student, trainable_parameters
 from lrc.names import ARMS
-from lrc.optim import CoordinateAdamW, coordinate_maps
-from lrc.reach import CORE_IMPLS, apply_arm
-from lrc.spectral import compute_bases, mlp_teacher_matrix
-from lrc.student import build_student, trainable_parameters
+from lrc.training.optim import CoordinateAdamW, coordinate_maps
 from tests.helpers import make_teacher
 
 R = 16
@@ -172,7 +172,7 @@ def test_bad_arm_and_double_apply():
 def test_the_wy_maps_hold_only_their_wy_form_with_the_same_results(arm):
     """optimizer-wy: U_r, the reflectors and tau are read only to make the step-0 weight and
     are dropped then; the maps (and so the trajectory) are bitwise those of a map keeping them."""
-    from lrc.reach import _arm_module
+    from lrc.method.reach import _arm_module
 
     teacher = make_teacher("llama-untied")
     bases = compute_bases(teacher)

@@ -9,17 +9,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from lrc.audit import (
-    mlp_stranded_fraction,
-    occupancy,
-    reachability_table,
-    read_teacher_config,
-)
 from lrc.cli import main as lrc_main
+from lrc.method.reachability import mlp_stranded_fraction, occupancy, reachability_table, read_teacher_config
+from lrc.commands.merge import save_merged
 from lrc.errors import LRCError
-from lrc.merge import save_merged
-from lrc.reach import apply_arm
-from lrc.student import build_student, trainable_parameters
+from lrc.method.reach import apply_arm
+from lrc.method.student import build_student, trainable_parameters
 from tests.helpers import make_teacher
 
 TEACHERS = Path(__file__).resolve().parent.parent / "config" / "teachers"

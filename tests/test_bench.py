@@ -18,7 +18,7 @@ def _write_teacher_config(tmp_path, layers: int = 2) -> None:
 
 
 def test_bench_writes_the_table_with_ratios_to_plain_kd(tmp_path):
-    from lrc.bench import main
+    from lrc.commands.bench import main
 
     _write_teacher_config(tmp_path)
     out = tmp_path / "bench.csv"
@@ -40,7 +40,7 @@ def test_bench_writes_the_table_with_ratios_to_plain_kd(tmp_path):
 
 
 def test_bench_without_the_baseline_times_only_the_arms_asked_for(tmp_path):
-    from lrc.bench import main
+    from lrc.commands.bench import main
 
     _write_teacher_config(tmp_path, layers=1)
     out = tmp_path / "bench.csv"
@@ -52,7 +52,7 @@ def test_bench_without_the_baseline_times_only_the_arms_asked_for(tmp_path):
 
 
 def test_bench_rejects_an_unknown_arm(tmp_path):
-    from lrc.bench import BenchArgs, bench
+    from lrc.commands.bench import BenchArgs, bench
 
     with pytest.raises(LRCError, match="unknown arm 'nope'"):
         bench(BenchArgs(teacher=tmp_path, student_hidden=8, out=tmp_path / "x.csv", arms=["nope"]))
@@ -61,7 +61,7 @@ def test_bench_rejects_an_unknown_arm(tmp_path):
 
 
 def test_bench_micro_batches_and_the_core_basis_change_in_the_optimiser(tmp_path):
-    from lrc.bench import main
+    from lrc.commands.bench import main
 
     _write_teacher_config(tmp_path)
     rows = {}
@@ -79,7 +79,7 @@ def test_bench_micro_batches_and_the_core_basis_change_in_the_optimiser(tmp_path
 
 
 def test_bench_with_activation_checkpointing_builds_each_weight_once_per_step(tmp_path):
-    from lrc.bench import main
+    from lrc.commands.bench import main
 
     _write_teacher_config(tmp_path)
     out = tmp_path / "bench.csv"
@@ -95,7 +95,7 @@ def test_bench_with_activation_checkpointing_builds_each_weight_once_per_step(tm
 def test_bench_with_two_processes_divides_the_basis_changes(tmp_path):
     """--processes 2: a DDP run (torchrun, gloo) per measurement; each process runs half of
     core's 6 basis changes per step, and the step takes twice the sequences."""
-    from lrc.bench import main
+    from lrc.commands.bench import main
 
     _write_teacher_config(tmp_path)
     out = tmp_path / "bench.csv"

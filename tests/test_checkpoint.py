@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lrc import checkpoint as ckpt
 from lrc.errors import LRCError
-from lrc.objectives import LMObjective
-from lrc.train import TrainArgs, train
+from lrc.method.objectives import LMObjective
+from lrc.training import checkpoint as ckpt
+from lrc.training.loop import TrainArgs, train
 from tests.helpers import ENV, SEQ, RandomTokens, tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def test_verify_names_each_missing_or_unreadable_file(finished):
 
 HOLD = """
 import sys, time
-from lrc.checkpoint import CheckpointLock
+from lrc.training.checkpoint import CheckpointLock
 CheckpointLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(120)

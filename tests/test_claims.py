@@ -271,8 +271,8 @@ def test_two_experiments_get_their_own_rows_and_figure_panels(tmp_path):
 
 @pytest.mark.parametrize("low, high, holds", [(-0.5, 0.8, True), (0.2, 3.0, False), (-3.0, -0.1, False), (-1.5, 0.5, None)])
 def test_a_null_holds_only_when_its_interval_lies_within_the_margin(low, high, holds):
-    from lrc.claims_rows import EQUIVALENCE_MARGIN, direction_holds, paper
-    from lrc.stats import Interval
+    from lrc.analysis.claims_rows import EQUIVALENCE_MARGIN, direction_holds, paper
+    from lrc.analysis.stats import Interval
 
     assert EQUIVALENCE_MARGIN == 1.0
     assert direction_holds(paper("controls", "confined"), Interval((low + high) / 2, low, high, 3, 1.0)) is holds

@@ -11,9 +11,16 @@ import pandas as pd
 import pytest
 import yaml
 
-from lrc import workflow_claims as claims
-from lrc import workflow_config as wc
-from tests.test_workflow import COPY_IGNORE, ROOT, _failure, job_counts, shell_commands, snakemake
+from lrc.workflow import claims
+from lrc.workflow import config as wc
+from tests.test_workflow import (
+    COPY_IGNORE,
+    ROOT,
+    _failure,
+    job_counts,
+    shell_commands,
+    snakemake,
+)
 
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -47,7 +54,7 @@ def outputs_of(output: str, rule: str) -> list[str]:
 
 
 def expected_claim_runs(c: dict) -> set[str]:
-    """Written out here from the claims' definitions (METHOD.md §4), not from lrc.workflow_claims."""
+    """Written out here from the claims' definitions (METHOD.md §4), not from lrc.workflow.claims."""
     seeds, t, full = c["seeds"], c["tokens"], c["full_arm"]
     at_budget = {f"lrc-{arm}-s{s}-t{t}" for arm in ["slice", "dense", "core", "confined", "randcomp"] for s in seeds}
     kl = {f"kl-{arm}-s{s}-t{t}" for arm in ["slice", full] for s in seeds}

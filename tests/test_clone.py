@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from lrc.clone import CLONE_TERMS, CloneObjective, RecipeArgs
 from lrc.errors import LRCError
-from lrc.losses import kl_divergence, next_token_ce
-from lrc.reach import apply_arm, down_clone_map
-from lrc.student import build_student, trainable_parameters
+from lrc.method.clone import CLONE_TERMS, CloneObjective, RecipeArgs
+from lrc.method.losses import kl_divergence, next_token_ce
+from lrc.method.reach import apply_arm, down_clone_map
+from lrc.method.student import build_student, trainable_parameters
 from tests.helpers import make_teacher
 
 

@@ -4,9 +4,9 @@ pyproject.toml's ranges, and the README's install commands and CI use it."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 

@@ -1,4 +1,4 @@
-"""The optimiser-step basis change of `core`/`randcomp` (lrc.optim, ``core_impl="optimizer"``).
+"""The optimiser-step basis change of `core`/`randcomp` (lrc.training.optim, ``core_impl="optimizer"``).
 
 It must be today's parametrised arm, trained at dense forward cost: the same loss curve and
 deployed weights over 50 AdamW steps (fp32, <= 1e-5 relative), the same merge, and a
@@ -13,20 +13,20 @@ import shutil
 import pytest
 import torch
 
-from lrc import checkpoint as ckpt
-from lrc.clone import CloneObjective, RecipeArgs
+from lrc.commands.merge import merge_student, save_merged
 from lrc.errors import LRCError
-from lrc.merge import merge_student, save_merged
-from lrc.optim import COORDINATES_ATTR, CoordinateAdamW, coordinate_maps
-from lrc.reach import apply_arm
-from lrc.spectral import compute_bases
-from lrc.student import (
+from lrc.method.clone import CloneObjective, RecipeArgs
+from lrc.method.reach import apply_arm
+from lrc.method.spectral import compute_bases
+from lrc.method.student import (
     build_student,
     load_lrc_state,
     save_lrc_state,
     trainable_parameters,
 )
-from lrc.train import TrainArgs, train
+from lrc.training import checkpoint as ckpt
+from lrc.training.loop import TrainArgs, train
+from lrc.training.optim import CoordinateAdamW, coordinate_maps
 from tests.helpers import SEQ, RandomTokens, make_teacher
 
 R = 16

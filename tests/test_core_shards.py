@@ -1,6 +1,6 @@
 """Under DDP each process holds only the bases of the matrices whose basis changes it runs.
 
-Two gloo processes run :class:`lrc.optim.CoordinateAdamW` on a `core` student with the same
+Two gloo processes run :class:`lrc.training.optim.CoordinateAdamW` on a `core` student with the same
 (synthetic, identical) gradients: the maps of the weights another process owns are
 released, the first step's coordinates and every update come from the owner, and the
 weights and optimiser state are bitwise those of an optimiser on the same process that
@@ -21,8 +21,8 @@ STEPS = 3
 
 
 def _student(arm: str, core_impl: str):
-    from lrc.reach import apply_arm
-    from lrc.student import build_student
+    from lrc.method.reach import apply_arm
+    from lrc.method.student import build_student
     from tests.helpers import make_teacher
 
     torch.manual_seed(0)
@@ -33,7 +33,7 @@ def _student(arm: str, core_impl: str):
 
 
 def _optimizer(student):
-    from lrc.optim import CoordinateAdamW, coordinate_maps
+    from lrc.training.optim import CoordinateAdamW, coordinate_maps
 
     params = [p for p in student.parameters() if p.requires_grad]
     return CoordinateAdamW([{"params": params, "weight_decay": 0.1}], coordinates=coordinate_maps(student), lr=1e-2)
@@ -49,7 +49,7 @@ def _train(student, optimizer) -> None:
 
 
 def _worker(rank: int, init: str, arm: str, core_impl: str, results) -> None:
-    from lrc.optim import COORDINATES_ATTR
+    from lrc.names import COORDINATES_ATTR
 
     torch.set_num_threads(1)
     student = _student(arm, core_impl)
@@ -85,7 +85,7 @@ def test_each_process_holds_its_share_and_the_steps_are_bitwise_unchanged(tmp_pa
 def _sharded_worker(rank: int, init: str, arm: str, results) -> None:
     """ZeRO-1 (shard_states): each process steps and keeps the states of its share; the
     weights, the collected checkpoint and a resumed run are those of one process."""
-    from lrc.optim import CoordinateAdamW, coordinate_maps
+    from lrc.training.optim import CoordinateAdamW, coordinate_maps
 
     torch.set_num_threads(1)
     student = _student(arm, "optimizer")
@@ -143,7 +143,7 @@ def test_sharded_states_are_divided_and_change_nothing(tmp_path, arm):
 
 def test_a_released_map_is_refused():
     from lrc.errors import LRCError
-    from lrc.optim import COORDINATES_ATTR
+    from lrc.names import COORDINATES_ATTR
 
     student = _student("core", "optimizer")
     cmap = next(getattr(m, COORDINATES_ATTR) for m in student.modules() if getattr(m, COORDINATES_ATTR, None) is not None)

@@ -30,7 +30,7 @@ def common(root: Path, out: Path, *extra: str) -> list[str]:
 
 
 def test_zero_token_warmstart_then_arms_train(setup, tmp_path):
-    from lrc.distill import main_distill, main_warmstart
+    from lrc.commands.distill import main_distill, main_warmstart
 
     root = setup
     assert main_warmstart(common(root, tmp_path / "ws", "--student-hidden", "16", "--tokens", "0")) == 0
@@ -50,7 +50,7 @@ def test_zero_token_warmstart_then_arms_train(setup, tmp_path):
 
 
 def test_kl_recipe_from_random_init_and_argument_errors(setup, tmp_path):
-    from lrc.distill import main_distill
+    from lrc.commands.distill import main_distill
 
     root = setup
     out = tmp_path / "kl"
@@ -65,7 +65,7 @@ def test_kl_recipe_from_random_init_and_argument_errors(setup, tmp_path):
 
 @pytest.mark.slow
 def test_distill_killed_and_restarted_equals_uninterrupted(setup, tmp_path):
-    from lrc.distill import main_warmstart
+    from lrc.commands.distill import main_warmstart
     from tests.helpers import ENV, kill_mid_run
 
     root = setup

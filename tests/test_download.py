@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from lrc.download import main
+from lrc.commands.download import main
 from lrc.errors import LRCError
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -76,8 +76,8 @@ def test_no_network_names_the_repo(offline, tmp_path):
 def test_import_local_directory_copies_hashes_and_loads(tmp_path):
     import hashlib
 
-    from lrc.hf import load_teacher
-    from lrc.import_teacher import main as import_teacher
+    from lrc.commands.import_teacher import main as import_teacher
+    from lrc.io.hf import load_teacher
     from tests.helpers import make_teacher
 
     src = tmp_path / "src"
@@ -105,7 +105,7 @@ def test_import_local_directory_copies_hashes_and_loads(tmp_path):
     (["--path", "absent-dir"], "--path absent-dir: not a directory"),
 ])
 def test_import_teacher_bad_source_is_named(tmp_path, monkeypatch, argv, message):
-    from lrc.import_teacher import main as import_teacher
+    from lrc.commands.import_teacher import main as import_teacher
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(LRCError, match=message):
@@ -114,7 +114,7 @@ def test_import_teacher_bad_source_is_named(tmp_path, monkeypatch, argv, message
 
 
 def test_import_local_pickle_only_directory_is_refused(tmp_path):
-    from lrc.import_teacher import main as import_teacher
+    from lrc.commands.import_teacher import main as import_teacher
     from tests.helpers import make_teacher
 
     src = tmp_path / "src"

@@ -9,8 +9,7 @@ import time
 import pytest
 import torch
 
-from lrc.errors import LRCError
-from lrc.evaluate import (
+from lrc.commands.evaluate import (
     EvaluateArgs,
     check_tasks_known,
     heldout_measures,
@@ -19,6 +18,7 @@ from lrc.evaluate import (
     main,
     selected_tasks,
 )
+from lrc.errors import LRCError
 
 PAPER = {"arc_easy": "acc", "arc_challenge": "acc_norm", "logiqa": "acc_norm", "commonsense_qa": "acc", "piqa": "acc",
          "winogrande": "acc", "boolq": "acc", "sciq": "acc", "mmlu": "acc"}
@@ -26,7 +26,7 @@ PAPER = {"arc_easy": "acc", "arc_challenge": "acc_norm", "logiqa": "acc_norm", "
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from lrc.world import main as world_main
+    from lrc.commands.world import main as world_main
 
     out = tmp_path_factory.mktemp("w") / "world"
     world_main(["--out", str(out), "--seed", "1", "--size", "test"])
@@ -51,7 +51,7 @@ def checkpoint(world, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def heldout(world, tmp_path_factory):
-    from lrc.tokenize import TokenizeArgs, tokenize
+    from lrc.commands.tokenize import TokenizeArgs, tokenize
 
     out = tmp_path_factory.mktemp("d")
     return tokenize(TokenizeArgs(tokenizer=str(world / "tokenizer"), source=str(world / "corpus/train.jsonl"),
@@ -163,7 +163,7 @@ def test_moved_world_tasks_are_repointed(world, tmp_path):
 
     import yaml
 
-    from lrc.evaluate import prepare_include_dir
+    from lrc.commands.evaluate import prepare_include_dir
 
     moved = tmp_path / "elsewhere" / "tasks"
     shutil.copytree(world / "tasks", moved)
@@ -193,7 +193,7 @@ def test_paper_suite_without_network_names_the_task(checkpoint, tmp_path, monkey
 def test_answer_kl_with_padding_matches_one_context_at_a_time(world):
     from transformers import AutoTokenizer
 
-    from lrc.evaluate import answer_kl
+    from lrc.commands.evaluate import answer_kl
     from tests.helpers import make_teacher
 
     tok = AutoTokenizer.from_pretrained(str(world / "tokenizer"))
@@ -228,7 +228,7 @@ def test_another_tokenizer_of_the_same_size_is_refused_naming_both(world, checkp
 
     from transformers import AutoTokenizer
 
-    from lrc.tokens import tokenizer_fingerprint
+    from lrc.io.tokens import tokenizer_fingerprint
 
     other = _swapped_tokenizer(world / "tokenizer", tmp_path / "other_tok")
     own_tok, other_tok = AutoTokenizer.from_pretrained(str(checkpoint)), AutoTokenizer.from_pretrained(str(other))
@@ -282,11 +282,11 @@ def test_evaluation_reads_the_suites_without_the_tiny_world():
     import subprocess
     import sys
 
-    code = ("import sys, lrc.evaluate; "
+    code = ("import sys, lrc.commands.evaluate; "
             "print(sorted(m for m in sys.modules if m == 'lrc.world' or m.startswith('lrc.world.')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
-    from lrc import suites
+    from lrc.io import suites
 
     assert load_suite is suites.load_suite  # one reader, shared with `lrc world`
     with pytest.raises(LRCError, match="unknown suite .tiny_task.; choose one of: tiny, paper, local, none"):
@@ -299,8 +299,8 @@ def test_evaluation_reads_the_suites_without_the_tiny_world():
 def test_suite_none_gives_the_heldout_measures_without_lm_eval(checkpoint, heldout, tmp_path, monkeypatch):
     import lm_eval
 
-    from lrc.evaluate import heldout_rows, load_model
-    from lrc.tokens import TokenDataset
+    from lrc.commands.evaluate import heldout_rows, load_model
+    from lrc.io.tokens import TokenDataset
 
     def not_reached(**kwargs):
         raise AssertionError("lm-eval ran for --suite none")
@@ -337,7 +337,7 @@ def test_a_local_task_directory_scores_as_the_tiny_suite_does(world, checkpoint,
 
 
 def test_heldout_tasks_from_lrc_tasks_run_offline(world, checkpoint, heldout, tmp_path):
-    from lrc.tasks import main as tasks_main
+    from lrc.commands.tasks import main as tasks_main
 
     tasks = tmp_path / "tasks"
     assert tasks_main(["--data", str(world / "corpus/valid.jsonl"), "--tokenizer", str(world / "tokenizer"), "--out", str(tasks),

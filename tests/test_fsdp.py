@@ -1,7 +1,7 @@
 """FSDP2 runs of `lrc distill` with 2 CPU processes (gloo), against 1 process.
 
 `accelerate launch --config_file config/accelerate/fsdp-cpu2.yaml` (accelerate's FSDP plugin,
-fsdp_version 2; :mod:`lrc.sharding` turns it on for CPU processes). Both runs take the same
+fsdp_version 2; :mod:`lrc.training.sharding` turns it on for CPU processes). Both runs take the same
 global batch (8 sequences) in the same micro-batches (2 sequences): 4 accumulation steps on
 one process, 2 on each of two, so the step's gradient is the same mean reduced in another
 order (FSDP2: reduce-scatter of the shards). Tolerance: 1e-5 relative on every logged loss
@@ -26,9 +26,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lrc import checkpoint as ckpt
+from lrc.method.reach import COORDINATE_ARMS
 from lrc.names import ARMS
-from lrc.reach import COORDINATE_ARMS
+from lrc.training import checkpoint as ckpt
 from tests.helpers import make_teacher, make_tokenizer, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ _port = iter(range(29610, 29700))
 @pytest.fixture(scope="module", params=["llama-tied", "qwen2-untied"])
 def world(request, tmp_path_factory):
     """A saved teacher, a corpus and a trained warm start (4 steps)."""
-    from lrc.distill import main_warmstart
+    from lrc.commands.distill import main_warmstart
 
     root = tmp_path_factory.mktemp(request.param)
     tok = make_tokenizer(root / "tokenizer")  # beside the teacher: AutoTokenizer would swap Qwen2's class in
@@ -92,7 +92,7 @@ def compare(a: Path, b: Path) -> tuple[float, float]:
 
 @pytest.mark.parametrize("arm", ARMS)
 def test_fsdp2_two_processes_follow_one_process(world, tmp_path, arm):
-    from lrc.distill import main_distill
+    from lrc.commands.distill import main_distill
 
     assert main_distill(distill_flags(world, tmp_path / "p1", arm)) == 0
     run(launch("-m", "lrc.cli", "distill", *distill_flags(world, tmp_path / "p2", arm, STEPS, "--checkpoint-every", "4")))
@@ -221,11 +221,11 @@ def test_fsdp2_plain_lm_follows_one_process(tmp_path):
 def placement(out: Path, kind: str) -> None:
     from torch.distributed.tensor import DTensor
 
-    from lrc import sharding
-    from lrc.clone import CloneObjective, RecipeArgs
-    from lrc.reach import apply_arm
-    from lrc.student import build_student
-    from lrc.train import TrainArgs, setup
+    from lrc.method.clone import CloneObjective, RecipeArgs
+    from lrc.method.reach import apply_arm
+    from lrc.method.student import build_student
+    from lrc.training import sharding
+    from lrc.training.loop import TrainArgs, setup
     from tests.helpers import RandomTokens
 
     teacher = make_teacher(kind)

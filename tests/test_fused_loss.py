@@ -1,4 +1,4 @@
-"""The fused, chunked CE + KL (lrc.fused_loss) against the dense reference (lrc.losses).
+"""The fused, chunked CE + KL (lrc.method.fused_loss) against the dense reference (lrc.method.losses).
 
 Parity ≤ 1e-5 (fp32) on the total, CE and KL and on the gradients (hidden states, head
 weight, every trainable student parameter), for both recipes and plain KD, with and without
@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lrc import fused_loss
-from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
-from lrc.fused_loss import fused_ce_kl
-from lrc.losses import kl_divergence, kl_position_mask, next_token_ce
-from lrc.objectives import KDObjective
-from lrc.student import build_student, trainable_parameters
+from lrc.method import fused_loss
+from lrc.method.clone import CloneObjective, RecipeArgs
+from lrc.method.fused_loss import fused_ce_kl
+from lrc.method.losses import kl_divergence, kl_position_mask, next_token_ce
+from lrc.method.objectives import KDObjective
+from lrc.method.student import build_student, trainable_parameters
 from tests.helpers import TEACHER_KINDS, make_teacher
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -190,7 +190,7 @@ def test_training_with_the_fused_loss_follows_the_reference(tmp_path, recipe):
     import json
     from pathlib import Path
 
-    from lrc.train import TrainArgs, train
+    from lrc.training.loop import TrainArgs, train
     from tests.helpers import SEQ, RandomTokens
 
     runs = {}

@@ -14,9 +14,9 @@ import torch
 
 from lrc.cli import main as lrc_main
 from lrc.errors import LRCError
-from lrc.hf import load_causal_lm, load_teacher
-from lrc.reach import apply_arm
-from lrc.spectral import (
+from lrc.io.hf import load_causal_lm, load_teacher
+from lrc.method.reach import apply_arm
+from lrc.method.spectral import (
     BASES_FILE,
     BASES_META,
     compute_bases,
@@ -24,7 +24,7 @@ from lrc.spectral import (
     save_bases,
     teacher_fingerprint,
 )
-from lrc.student import STATE_FILE, STATE_META, build_student, save_lrc_state
+from lrc.method.student import STATE_FILE, STATE_META, build_student, save_lrc_state
 from tests.helpers import make_teacher
 
 R = 16
@@ -109,8 +109,8 @@ def test_pickled_teacher_is_refused_by_every_command_unless_allowed(world, tmp_p
 
 
 def test_pickles_are_refused_by_the_shared_loader(world, tmp_path):
-    from lrc.evaluate import load_model
-    from lrc.sft import load_hf_model
+    from lrc.commands.evaluate import load_model
+    from lrc.commands.sft import load_hf_model
 
     pickled = _pickled_copy(world / "merged", tmp_path / "pickled")
     for load in (lambda: load_hf_model(pickled), lambda: load_model(str(pickled), torch.device("cpu")),
@@ -128,8 +128,8 @@ def test_pickles_are_refused_by_the_shared_loader(world, tmp_path):
 
 
 def test_distill_refuses_a_pickled_teacher(world, tmp_path):
-    from lrc.distill import main_distill
-    from lrc.tokens import write_tokens
+    from lrc.commands.distill import main_distill
+    from lrc.io.tokens import write_tokens
 
     write_tokens(tmp_path / "tokens", np.arange(8 * 16).reshape(8, 16) % 97)
     pickled = _pickled_copy(world / "teacher", tmp_path / "pickled")
@@ -184,7 +184,7 @@ def test_truncated_merged_model_is_named(world, tmp_path, capsys):
     _fails(["audit", str(world / "teacher"), "--student-hidden", str(R), "--student", str(merged), "--knockout", str(tmp_path / "k")],
            capsys, str(merged / "model.safetensors"))
     assert not (tmp_path / "r").exists() and not (tmp_path / "k").exists()
-    from lrc.evaluate import load_model
+    from lrc.commands.evaluate import load_model
 
     with pytest.raises(LRCError, match="model.safetensors"):
         load_model(str(merged), torch.device("cpu"))
@@ -203,8 +203,8 @@ def test_bases_record_the_teacher_fingerprint(world):
 
 
 def test_bases_of_another_teacher_with_the_same_shapes_are_refused(world, tmp_path, capsys):
-    from lrc.distill import main_distill
-    from lrc.tokens import write_tokens
+    from lrc.commands.distill import main_distill
+    from lrc.io.tokens import write_tokens
 
     out = tmp_path / "merged"
     assert lrc_main(["merge", *_merge_args(world, out)]) == 0
@@ -234,9 +234,9 @@ def test_bases_without_a_fingerprint_are_accepted_with_a_warning(world, tmp_path
 
 def test_the_teacher_is_frozen_where_it_becomes_one_not_by_the_loader(world):
     """The loader serves models that train (sft) too: it does not freeze; the LRC student
-    built on a teacher, or the plain-KD objective, does (lrc.hf, "Where the teacher is frozen")."""
-    from lrc.objectives import KDObjective
-    from lrc.student import student_config
+    built on a teacher, or the plain-KD objective, does (lrc.io.hf, "Where the teacher is frozen")."""
+    from lrc.method.objectives import KDObjective
+    from lrc.method.student import student_config
 
     teacher = load_teacher(world / "teacher")
     assert not teacher.training and all(p.requires_grad for p in teacher.parameters())

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lrc.errors import LRCError
-from lrc.spectral import activation_basis
-from lrc.student import build_student, spectral_projection
+from lrc.method.spectral import activation_basis
+from lrc.method.student import build_student, spectral_projection
 from tests.helpers import make_teacher, make_tokenizer, write_corpus
 
 H = 32
@@ -98,9 +98,9 @@ def test_activations_init_refuses_missing_or_bad_calibration(calibration):
 
 
 def test_warmstart_with_the_activations_init(tmp_path):
-    from lrc.distill import calibration_rows, main_warmstart
-    from lrc.student import load_lrc_state
-    from lrc.tokens import open_token_data
+    from lrc.commands.distill import calibration_rows, main_warmstart
+    from lrc.io.tokens import open_token_data
+    from lrc.method.student import load_lrc_state
 
     tok = make_tokenizer(tmp_path / "teacher")
     make_teacher("llama-tied", vocab_size=len(tok)).save_pretrained(tmp_path / "teacher")
@@ -113,7 +113,7 @@ def test_warmstart_with_the_activations_init(tmp_path):
     rows = calibration_rows(open_token_data(tmp_path / "data"), 40)
     assert rows.shape == (3, 16)
     # what was saved is the init built from those rows
-    from lrc.hf import load_teacher
+    from lrc.io.hf import load_teacher
 
     teacher = load_teacher(tmp_path / "teacher")
     want = build_student(teacher, 16, init="activations", calibration=rows)

@@ -10,12 +10,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from lrc.cli import main as lrc_main
+from lrc.commands.merge import merge_student, save_merged
 from lrc.errors import LRCError
-from lrc.merge import merge_student, save_merged
+from lrc.method.reach import apply_arm
+from lrc.method.spectral import compute_bases
+from lrc.method.student import build_student, save_lrc_state, trainable_parameters
 from lrc.names import ARMS
-from lrc.reach import apply_arm
-from lrc.spectral import compute_bases
-from lrc.student import build_student, save_lrc_state, trainable_parameters
 from tests.helpers import make_teacher
 
 
@@ -72,7 +72,7 @@ def test_svd_and_merge_commands(tmp_path, capsys):
     teacher.save_pretrained(tmp_path / "teacher")
     assert lrc_main(["svd", "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "svd")]) == 0
     assert (tmp_path / "svd" / "bases.safetensors").is_file() and (tmp_path / "svd" / "settings.json").is_file()
-    from lrc.spectral import load_bases
+    from lrc.method.spectral import load_bases
 
     bases = load_bases(tmp_path / "svd")
     student = trained_student(teacher, "core", bases)
@@ -88,7 +88,7 @@ def test_svd_and_merge_commands(tmp_path, capsys):
     # the check batch can come from a token directory
     import numpy as np
 
-    from lrc.tokens import write_tokens
+    from lrc.io.tokens import write_tokens
 
     write_tokens(tmp_path / "tokens", np.arange(3 * 40).reshape(3, 40) % 97)
     assert lrc_main(common + ["--data", str(tmp_path / "tokens"), "--out", str(tmp_path / "merged2"), "--check-len", "24"]) == 0

@@ -30,18 +30,18 @@ def run_training(out: Path, kind: str) -> None:
     the `lrc` recipe, whose frozen teacher each process holds unwrapped."""
     from safetensors.torch import save_file
 
-    from lrc.train import TrainArgs, is_main_process, train
+    from lrc.training.loop import TrainArgs, is_main_process, train
     from tests.helpers import SEQ, RandomTokens, tiny_llama
 
     if kind == "lm":
-        from lrc.objectives import LMObjective
+        from lrc.method.objectives import LMObjective
 
         model = tiny_llama()
         objective = LMObjective(model)
     else:
-        from lrc.clone import CloneObjective, RecipeArgs
-        from lrc.reach import apply_arm
-        from lrc.student import build_student
+        from lrc.method.clone import CloneObjective, RecipeArgs
+        from lrc.method.reach import apply_arm
+        from lrc.method.student import build_student
         from tests.helpers import make_teacher
 
         teacher = make_teacher("llama-tied")
@@ -112,7 +112,7 @@ def test_a_finished_command_ends_its_process_group(tmp_path):
 
 
 def test_ddp_gradients_are_bucket_views_and_buffers_not_broadcast():
-    from lrc.train import TrainArgs, _accelerator
+    from lrc.training.loop import TrainArgs, _accelerator
 
     accelerator, _ = _accelerator(TrainArgs())
     assert accelerator.ddp_handler.gradient_as_bucket_view is True
@@ -159,7 +159,9 @@ def test_fsdp_wraps_the_decoder_layers_of_both_architectures():
 
 
 if __name__ == "__main__":
-    from lrc.cli import end_process_group  # a launched script ends its process group as `lrc` does
+    from lrc.cli import (
+        end_process_group,  # a launched script ends its process group as `lrc` does
+    )
 
     torch.set_num_threads(1)
     run_training(Path(sys.argv[1]), sys.argv[2])

@@ -11,10 +11,19 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lrc.commands.plan import (
+    GIB,
+    PlanArgs,
+    Planner,
+    Setting,
+    main,
+    per_gpu,
+    plan,
+    resolve,
+)
 from lrc.errors import LRCError
-from lrc.memtrace import StepSpec, trace_step
-from lrc.plan import GIB, PlanArgs, Planner, Setting, main, per_gpu, plan, resolve
-from lrc.pretrain import load_model_config
+from lrc.io.hf import load_model_config
+from lrc.training.memory import StepSpec, trace_step
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +46,7 @@ def _measured(spec_values: dict, tmp_path: Path) -> int:
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec_values))
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "lrc.memtrace", str(spec_file)], capture_output=True, text=True, env=env, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "lrc.training.memory", str(spec_file)], capture_output=True, text=True, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak"]
 

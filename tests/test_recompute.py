@@ -1,4 +1,4 @@
-"""Activation checkpointing (`lrc.recompute`, ``--activation-checkpointing``): the same loss,
+"""Activation checkpointing (`lrc.training.recompute`, ``--activation-checkpointing``): the same loss,
 gradients and trajectory as without it, the layers really rerun in backward, the parametrised
 weights built once per micro-batch, less kept alive, resume and 2 processes unchanged.
 
@@ -18,15 +18,15 @@ import pytest
 import torch
 from torch.nn.utils import parametrize
 
-from lrc import recompute
-from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
-from lrc.hf import trainable_parameters
-from lrc.memtrace import StepSpec, trace_step
-from lrc.objectives import LMObjective
-from lrc.reach import apply_arm
-from lrc.student import build_student
-from lrc.train import TrainArgs, train
+from lrc.io.hf import trainable_parameters
+from lrc.method.clone import CloneObjective, RecipeArgs
+from lrc.method.objectives import LMObjective
+from lrc.method.reach import apply_arm
+from lrc.method.student import build_student
+from lrc.training import recompute
+from lrc.training.loop import TrainArgs, train
+from lrc.training.memory import StepSpec, trace_step
 from tests.helpers import SEQ, RandomTokens, make_teacher, tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
@@ -196,9 +196,9 @@ def test_plain_models_checkpoint_too_and_bad_models_are_named():
 
 
 def test_the_options_reach_the_commands():
-    from lrc.distill import DistillArgs
+    from lrc.commands.distill import DistillArgs
+    from lrc.commands.sft import SftArgs
     from lrc.options import parse_args
-    from lrc.sft import SftArgs
 
     args = parse_args(DistillArgs, ["--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense", "--warmstart", "w",
                                     "--activation-checkpointing", "--loss-impl", "reference"], prog="lrc distill")
@@ -213,7 +213,7 @@ def test_the_options_reach_the_commands():
 
 
 def test_a_workflow_config_can_set_both():
-    from lrc import workflow_config as wc
+    from lrc.workflow import config as wc
     from tests.test_workflow_config import default_config, rule_shells
 
     config = default_config()
@@ -230,7 +230,7 @@ def run_training(out: Path) -> None:
     """The `clone` run of tests/test_multiprocess.py (core arm, `lrc` recipe), checkpointed."""
     from safetensors.torch import save_file
 
-    from lrc.train import is_main_process
+    from lrc.io.provenance import is_main_process
 
     teacher = make_teacher("llama-tied")
     model = build_student(teacher, 16, seed=0)
@@ -268,7 +268,9 @@ def test_two_checkpointed_processes_follow_one(tmp_path):
 
 
 if __name__ == "__main__":
-    from lrc.cli import end_process_group  # a launched script ends its process group as `lrc` does
+    from lrc.cli import (
+        end_process_group,  # a launched script ends its process group as `lrc` does
+    )
 
     torch.set_num_threads(1)
     run_training(Path(sys.argv[1]))

@@ -8,9 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
 
 from lrc.cli import main as lrc_main
-from lrc.merge import save_merged
-from lrc.recover import recover_student
-from lrc.student import build_student, load_lrc_state, trainable_parameters
+from lrc.commands.merge import save_merged
+from lrc.commands.recover import recover_student
+from lrc.method.student import build_student, load_lrc_state, trainable_parameters
 from tests.helpers import make_teacher
 
 

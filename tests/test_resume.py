@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lrc import checkpoint as ckpt
+from lrc.training import checkpoint as ckpt
 from tests.helpers import (
     ENV,
     kill_mid_run,
@@ -73,7 +73,7 @@ def test_sigkill_then_restart_gives_the_uninterrupted_weights(tmp_path):
 
 
 def test_pretrain_same_seed_same_weights_and_outputs(tmp_path):
-    from lrc.pretrain import main
+    from lrc.commands.pretrain import main
 
     tok = make_tokenizer(tmp_path / "tok")
     write_corpus(tmp_path / "data", tok, rows=16, seq_len=16)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lrc.clone import CloneObjective, RecipeArgs
-from lrc.names import ARMS, MLP_KINDS
-from lrc.optim import COORDINATES_ATTR
-from lrc.reach import apply_arm
-from lrc.spectral import compute_bases
-from lrc.student import build_student
-from lrc.train import StepBatches
+from lrc.method.clone import CloneObjective, RecipeArgs
+from lrc.method.reach import apply_arm
+from lrc.method.spectral import compute_bases
+from lrc.method.student import build_student
+from lrc.names import ARMS, COORDINATES_ATTR, MLP_KINDS
+from lrc.training.loop import StepBatches
 from tests.helpers import make_teacher
 
 R = 16

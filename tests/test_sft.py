@@ -23,7 +23,7 @@ def world(tmp_path_factory):
     """A tokenizer, a random tiny base model saved as a plain HF checkpoint, and a chat token dir."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lrc.tokenize import main as tokenize
+    from lrc.commands.tokenize import main as tokenize
 
     root = tmp_path_factory.mktemp("sft")
     tok = make_tokenizer(root / "tok")
@@ -41,7 +41,7 @@ def world(tmp_path_factory):
 
 def answer_logprob(model, tok, i: int, answer: str) -> float:
     """log p(answer turn | question) under the chat template, summed over the answer's tokens."""
-    from lrc.tokenize import chat_ids
+    from lrc.commands.tokenize import chat_ids
 
     msgs = chat(i)[:1] + [{"role": "assistant", "content": answer}]
     ids, mask = chat_ids(tok, msgs)
@@ -69,10 +69,10 @@ def score(model_dir, tok) -> tuple[float, float]:
 def test_sft_raises_the_answers_and_counts_only_answer_tokens(world, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from lrc.objectives import masked_ce
-    from lrc.sft import main
-    from lrc.tokens import TokenDataset
-    from lrc.train import StepBatches
+    from lrc.commands.sft import main
+    from lrc.io.tokens import TokenDataset
+    from lrc.method.objectives import masked_ce
+    from lrc.training.loop import StepBatches
 
     root, tok = world
     out = tmp_path / "sft"
@@ -103,7 +103,7 @@ def test_sft_raises_the_answers_and_counts_only_answer_tokens(world, tmp_path):
 
 
 def test_sft_refuses_data_without_a_loss_mask(world, tmp_path):
-    from lrc.sft import main
+    from lrc.commands.sft import main
     from tests.helpers import write_corpus
 
     root, tok = world

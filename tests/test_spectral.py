@@ -5,10 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-import lrc.student
+import lrc.method.student
 from lrc.errors import LRCError
-from lrc.spectral import compute_bases, load_bases, mlp_teacher_matrix, save_bases
-from lrc.student import build_student, fold_tied_head_gain, spectral_projection, student_config
+from lrc.method.spectral import (
+    compute_bases,
+    load_bases,
+    mlp_teacher_matrix,
+    save_bases,
+)
+from lrc.method.student import (
+    build_student,
+    fold_tied_head_gain,
+    spectral_projection,
+    student_config,
+)
 from tests.helpers import TEACHER_KINDS, make_teacher
 
 H = 32
@@ -90,7 +100,7 @@ def full_width_student(monkeypatch, teacher, init, **kw):
         out.hidden_size = H
         return out
 
-    monkeypatch.setattr(lrc.student, "student_config", full_width)
+    monkeypatch.setattr(lrc.method.student, "student_config", full_width)
     return build_student(teacher, H, init=init, **kw)
 
 
@@ -151,16 +161,16 @@ def test_svd_command_refuses_an_unknown_device(tmp_path, capsys):
 
 
 def test_svd_command_lives_in_lrc_svd_and_the_method_imports_no_command_module():
-    """`lrc svd` is lrc.svd; importing the method (spectral, reach, student, clone,
+    """`lrc svd` is lrc.commands.svd; importing the method (spectral, reach, student, clone,
     objectives) in a fresh interpreter loads no command module, no cli, no loop."""
     import subprocess
     import sys
 
     from lrc.cli import COMMANDS
 
-    assert COMMANDS["svd"][0] == "lrc.svd"
-    code = ("import sys; import lrc.spectral, lrc.reach, lrc.student, lrc.clone, lrc.objectives; "
-            "bad = sorted(m for m in sys.modules if m in ('lrc.cli', 'lrc.svd', 'lrc.train', 'lrc.distill', 'lrc.merge', "
-            "'lrc.audit', 'lrc.recover', 'lrc.bench', 'lrc.sft', 'lrc.pretrain', 'lrc.evaluate', 'lrc.tokenize')); print(bad)")
+    assert COMMANDS["svd"][0] == "lrc.commands.svd"
+    code = ("import sys; import lrc.method.spectral, lrc.method.reach, lrc.method.student, lrc.method.clone, lrc.method.objectives; "
+            "bad = sorted(m for m in sys.modules if m in ('lrc.cli', 'lrc.commands.svd', 'lrc.training.loop', 'lrc.commands.distill', 'lrc.commands.merge', "
+            "'lrc.commands.audit', 'lrc.commands.recover', 'lrc.commands.bench', 'lrc.commands.sft', 'lrc.commands.pretrain', 'lrc.commands.evaluate', 'lrc.commands.tokenize')); print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", out

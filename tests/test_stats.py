@@ -1,4 +1,4 @@
-"""lrc.stats against samples whose answers are known by hand (and by scipy's own tests)."""
+"""lrc.analysis.stats against samples whose answers are known by hand (and by scipy's own tests)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy import stats as scipy_stats
 
-from lrc import stats
+from lrc.analysis import stats
 from lrc.errors import LRCError
 
 

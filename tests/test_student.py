@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from lrc.errors import LRCError
-from lrc.names import ARMS
-from lrc.reach import apply_arm
-from lrc.spectral import compute_bases
-from lrc.student import (
+from lrc.method.reach import apply_arm
+from lrc.method.spectral import compute_bases
+from lrc.method.student import (
     build_student,
     load_lrc_state,
     save_lrc_state,
     trainable_parameters,
 )
+from lrc.names import ARMS
 from tests.helpers import make_teacher
 
 R = 16

@@ -9,9 +9,9 @@ import re
 import pytest
 import yaml
 
+from lrc.commands.tasks import main, shuffle_words
 from lrc.errors import LRCError
-from lrc.suites import load_suite
-from lrc.tasks import main, shuffle_words
+from lrc.io.suites import load_suite
 
 OBJECTS = ["json.dumps", "json.loads", "re.sub", "re.split", "textwrap.wrap", "textwrap.dedent", "functools.reduce",
            "functools.lru_cache", "itertools.groupby", "collections.Counter", "collections.OrderedDict", "shutil.copytree",
@@ -95,7 +95,7 @@ def test_tasks_from_text_are_well_formed_and_deterministic(corpus, tmp_path):
 
 
 def test_token_rows_give_tasks_from_the_heldout_split_only(corpus, tmp_path):
-    from lrc.tokenize import TokenizeArgs, _in_valid, tokenize
+    from lrc.commands.tokenize import TokenizeArgs, _in_valid, tokenize
 
     root, docs = corpus
     data = tmp_path / "data"

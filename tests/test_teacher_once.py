@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch.nn.utils import parametrize
 
-from lrc.clone import CloneObjective, RecipeArgs
-from lrc.hf import cast_weights
-from lrc.memtrace import StepSpec, trace_step
+from lrc.io.hf import cast_weights
+from lrc.method.clone import CloneObjective, RecipeArgs
+from lrc.method.reach import apply_arm
+from lrc.method.spectral import compute_bases
+from lrc.method.student import build_student
 from lrc.names import ARMS
-from lrc.reach import apply_arm
-from lrc.spectral import compute_bases
-from lrc.student import build_student
+from lrc.training.memory import StepSpec, trace_step
 from tests.helpers import TEACHER_KINDS, make_teacher
 
 R = 8  # no factor or student weight shares a shape with a teacher matrix (32, 16, 96, 97 wide)
@@ -49,7 +49,7 @@ def test_the_student_holds_no_copy_of_a_teacher_weight(kind, arm, dtype):
     teacher = make_teacher(kind)
     student = build_student(teacher, R, seed=1)
     apply_arm(student, teacher, arm, core_impl="parametrized" if arm == "randcomp" else "optimizer")
-    cast_weights(teacher, dtype)  # what lrc.train.place_teacher does under bf16 on a GPU, after the build
+    cast_weights(teacher, dtype)  # what lrc.training.loop.place_teacher does under bf16 on a GPU, after the build
     matrices = _teacher_matrices(teacher)
     # Nothing the student holds (parameters, buffers, the coordinate maps' buffers) lives in a
     # teacher storage, nor equals a teacher matrix in any dtype.

@@ -1,4 +1,4 @@
-"""``--recompute-teacher`` (:mod:`lrc.clone`): with the student's layers checkpointed, the
+"""``--recompute-teacher`` (:mod:`lrc.method.clone`): with the student's layers checkpointed, the
 teacher keeps only each layer's input and its layer reruns inside the student's, in the
 forward and in the recompute. The loss, every term and every gradient are bitwise those of
 plain checkpointing; the teacher's layers run three times; the clone terms' activations
@@ -6,18 +6,17 @@ shrink to one teacher-width input per layer."""
 
 from __future__ import annotations
 
-
 import json
 
 import pytest
 import torch
 
-from lrc import recompute
-from lrc.clone import CloneObjective, RecipeArgs
 from lrc.errors import LRCError
-from lrc.hf import trainable_parameters
-from lrc.memtrace import StepSpec, trace_step
-from lrc.train import TrainArgs
+from lrc.io.hf import trainable_parameters
+from lrc.method.clone import CloneObjective, RecipeArgs
+from lrc.training import recompute
+from lrc.training.loop import TrainArgs
+from lrc.training.memory import StepSpec, trace_step
 from tests.helpers import make_teacher
 from tests.test_fsdp import world  # noqa: F401 (the fixture)
 from tests.test_recompute import ARMS, _batch, _student, fit
@@ -134,9 +133,9 @@ def test_a_few_optimizer_steps_give_bitwise_the_same_weights(tmp_path, arm):
 
 
 def test_it_needs_checkpointing_and_reaches_the_commands_and_configs():
-    from lrc import workflow_config as wc
-    from lrc.distill import DistillArgs
+    from lrc.commands.distill import DistillArgs
     from lrc.options import parse_args
+    from lrc.workflow import config as wc
     from tests.test_recompute import REPO
     from tests.test_workflow_config import default_config, rule_shells
 
@@ -156,7 +155,7 @@ def test_it_needs_checkpointing_and_reaches_the_commands_and_configs():
 def test_fsdp2_two_processes_with_the_teacher_recomputed_follow_one_plain_process(world, tmp_path):
     """The real launch: FSDP2 gathers each student layer in its pre-backward hook, before the
     recompute that reruns the teacher's layer (replicated, never wrapped) inside it."""
-    from lrc.distill import main_distill
+    from lrc.commands.distill import main_distill
     from tests.test_fsdp import ATOL, RTOL, compare, distill_flags, launch, run
 
     assert main_distill(distill_flags(world, tmp_path / "p1", "core")) == 0
@@ -175,7 +174,7 @@ def test_backward_recomputes_one_layer_at_a_time():
     no two layers' recomputed tensors are alive together."""
     from transformers import LlamaForCausalLM
 
-    from lrc.student import build_student
+    from lrc.method.student import build_student
 
     cfg = make_teacher("llama-tied").config
     cfg.num_hidden_layers = 4

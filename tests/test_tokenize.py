@@ -9,9 +9,9 @@ import re
 import pytest
 import torch
 
+from lrc.commands.tokenize import TokenizeArgs, chat_ids, main, text_ids, tokenize
 from lrc.errors import LRCError
-from lrc.tokenize import TokenizeArgs, chat_ids, main, text_ids, tokenize
-from lrc.tokens import TokenDataset, check_vocab, read_manifest
+from lrc.io.tokens import TokenDataset, check_vocab, read_manifest
 from lrc.world.tokenizer import train_tokenizer
 
 DOCS = [f"Person {i} lives in town {i % 7} and works as a baker number {i}." for i in range(200)]
@@ -384,7 +384,7 @@ def test_stdlib_docs_corpus_is_deterministic_and_split_by_document_name(tmp_path
     import sys
     import zlib
 
-    from lrc.sources import STDLIB_DOC_MODULES, stdlib_documents
+    from lrc.io.sources import STDLIB_DOC_MODULES, stdlib_documents
 
     names = [d["name"] for d in stdlib_documents()]
     assert names == sorted(names) and len(names) >= 150 and set(names) <= set(STDLIB_DOC_MODULES)

@@ -10,9 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from lrc import tokens
 from lrc.errors import LRCError
-from lrc.tokens import TokenDataset, read_manifest, tokenizer_fingerprint, write_tokens
+from lrc.io import tokens
+from lrc.io.tokens import (
+    TokenDataset,
+    read_manifest,
+    tokenizer_fingerprint,
+    write_tokens,
+)
 from tests.helpers import make_tokenizer
 
 
@@ -217,7 +222,7 @@ def test_a_read_only_directory_is_verified_without_a_stamp(tmp_path, tok, monkey
 
 
 def test_training_data_opened_by_its_tokenize_output_is_verified(tmp_path, tok):
-    from lrc.tokens import open_token_data
+    from lrc.io.tokens import open_token_data
 
     write_tokens(tmp_path / "corpus" / "train", np.arange(24).reshape(4, 6) % len(tok), tokenizer=tok)
     assert len(open_token_data(tmp_path / "corpus", tokenizer=tok)) == 4

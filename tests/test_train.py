@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lrc import checkpoint as ckpt
 from lrc.errors import LRCError
-from lrc.objectives import KDObjective, LMObjective, masked_ce
-from lrc.train import StepBatches, TrainArgs, lr_factor, train
+from lrc.method.objectives import KDObjective, LMObjective, masked_ce
+from lrc.training import checkpoint as ckpt
+from lrc.training.loop import StepBatches, TrainArgs, lr_factor, train
 from tests.helpers import SEQ, VOCAB, RandomTokens, tiny_llama
 
 
@@ -200,7 +200,7 @@ def _busy(seconds: float) -> None:
 def test_the_optimiser_step_time_is_what_runs_inside_the_timer(tmp_path):
     from accelerate import Accelerator
 
-    from lrc.steplog import StepLog
+    from lrc.training.steplog import StepLog
 
     log = StepLog(Accelerator(cpu=True), tmp_path, steps=2, start_step=0, tokens_per_step=4, progress=False)
     for step in range(2):
@@ -221,7 +221,7 @@ def _slowest_process_worker(rank: int, port: int, ckpt_dir: str) -> None:
 
     from accelerate import Accelerator
 
-    from lrc.steplog import StepLog
+    from lrc.training.steplog import StepLog
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
     acc = Accelerator(cpu=True)

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lrc import checkpoint as ckpt
 from lrc.errors import LRCError
-from lrc.update_energy import COLUMNS, UPDATE_ENERGY_FILE, logged_steps
+from lrc.method.update_energy import COLUMNS, UPDATE_ENERGY_FILE, logged_steps
+from lrc.training import checkpoint as ckpt
 from tests.helpers import make_teacher, make_tokenizer, write_corpus
 
 STEPS = 7  # tokens = STEPS * batch 4 * seq 16
@@ -22,8 +22,8 @@ STEPS = 7  # tokens = STEPS * batch 4 * seq 16
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """A tiny teacher, its bases, a token directory and a short warm start."""
-    from lrc.distill import main_warmstart
-    from lrc.spectral import compute_bases, save_bases
+    from lrc.commands.distill import main_warmstart
+    from lrc.method.spectral import compute_bases, save_bases
 
     root = tmp_path_factory.mktemp("energy")
     tok = make_tokenizer(root / "teacher")
@@ -41,7 +41,7 @@ def common(root: Path, out: Path, *extra: str) -> list[str]:
 
 
 def distill(root: Path, out: Path, arm: str, *extra: str) -> Path:
-    from lrc.distill import main_distill
+    from lrc.commands.distill import main_distill
 
     assert main_distill(common(root, out, "--warmstart", str(root / "ws"), "--arm", arm, "--tokens", str(STEPS * 4 * 16),
                                "--seed", "1", *extra)) == 0
@@ -84,10 +84,10 @@ def test_rows_and_share_inside_per_arm(world, tmp_path, arm, extra):
 
 def test_energy_is_the_change_of_the_deployed_weight(world, tmp_path):
     """Recompute the last row set from the warm start and the saved student, independently."""
-    from lrc.hf import load_teacher
-    from lrc.merge import merge_student
-    from lrc.spectral import load_bases
-    from lrc.student import load_lrc_state
+    from lrc.commands.merge import merge_student
+    from lrc.io.hf import load_teacher
+    from lrc.method.spectral import load_bases
+    from lrc.method.student import load_lrc_state
 
     out = distill(world, tmp_path / "dense", "dense", "--update-energy-every", "7")
     teacher = load_teacher(world / "teacher")
@@ -139,7 +139,7 @@ def test_resume_keeps_exactly_the_uninterrupted_rows(world, tmp_path):
 
 
 def test_a_zero_step_run_writes_the_header_only(world, tmp_path):
-    from lrc.distill import main_distill
+    from lrc.commands.distill import main_distill
 
     out = tmp_path / "zero"
     assert main_distill(common(world, out, "--warmstart", str(world / "ws"), "--arm", "dense", "--tokens", "0",

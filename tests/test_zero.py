@@ -1,7 +1,7 @@
 """`lrc distill --shard-optimizer` (ZeRO stage 1 under DDP) with 2 CPU processes (gloo).
 
 Each process keeps AdamW's states for its share of the parameters only
-(:class:`lrc.optim.CoordinateAdamW` with ``shard_states``). It changes nothing: its weights
+(:class:`lrc.training.optim.CoordinateAdamW` with ``shard_states``). It changes nothing: its weights
 and losses are bitwise those of plain DDP with 2 processes, and they follow 1 process (the
 same micro-batches, the gradient reduced in another order) within test_multiprocess's
 tolerance (1e-5 relative on every loss, 1e-4 on every weight; measured 8e-8 and 1e-7 dense,
@@ -20,9 +20,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lrc import checkpoint as ckpt
-from tests.test_fsdp import ENV, REPO, compare, distill_flags, losses, world  # noqa: F401  (world: the fixture)
-from tests.test_fsdp import killed_and_restarted_equals_uninterrupted
+from lrc.training import checkpoint as ckpt
+from tests.test_fsdp import (  # noqa: F401  (world: the fixture)
+    ENV,
+    REPO,
+    compare,
+    distill_flags,
+    killed_and_restarted_equals_uninterrupted,
+    losses,
+    world,
+)
 from tests.test_fsdp import launch as fsdp_launch
 from tests.test_fsdp import run as run_ok
 
@@ -45,7 +52,7 @@ def zero_flags(root: Path, out: Path, arm: str, steps: int, *extra: str) -> list
 @pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
 @pytest.mark.parametrize("arm", ["dense", "core"])
 def test_sharded_states_two_processes_follow_one_process(world, tmp_path, arm):
-    from lrc.distill import main_distill
+    from lrc.commands.distill import main_distill
 
     assert main_distill(zero_flags(world, tmp_path / "p1", arm, 8)) == 0
     run_ok(launch("-m", "lrc.cli", "distill", *zero_flags(world, tmp_path / "p2", arm, 8, "--checkpoint-every", "4", "--keep-checkpoints", "all")))

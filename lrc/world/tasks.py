@@ -1,8 +1,8 @@
 """The tiny world's local lm-eval tasks: data files and task YAMLs.
 
-The suite itself (families, metric per task) is data in ``lrc/suites/tiny.yaml``; the
-lm-eval task YAML is the template ``lrc/suites/tiny_task.yaml``; both are read through
-:mod:`lrc.suites`.
+The suite itself (families, metric per task) is data in ``lrc/io/suites/tiny.yaml``; the
+lm-eval task YAML is the template ``lrc/io/suites/tiny_task.yaml``; both are read through
+:mod:`lrc.io.suites`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from lrc.suites import load_suite, task_template
+from lrc.io.suites import load_suite, task_template
 from lrc.world.generator import TEMPLATES, Person, World
 
 

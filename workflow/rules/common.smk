@@ -1,6 +1,6 @@
 # Shared by every rule: the config's validation, the names and wildcards, each rule's flags and
 # resources, what a config asks for, and the input functions. The logic lives in lrc (names:
-# lrc.names; config sections -> flags and the checks before any job runs: lrc.workflow_config).
+# lrc.names; config sections -> flags and the checks before any job runs: lrc.workflow.config).
 
 import re
 import shlex
@@ -9,11 +9,11 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from lrc import workflow_claims as claims
-from lrc import workflow_config as wc
+from lrc.workflow import claims
+from lrc.workflow import config as wc
 from lrc.errors import LRCError
 from lrc.names import ARMS, CONTROL_ARMS, KNOCKOUT_SUFFIX, MAIN_ARMS, RECIPES, RUN_FORMAT, SFT_SUFFIX
-from lrc.workflow_claims import CLAIMS
+from lrc.workflow.claims import CLAIMS
 
 # ---------------------------------------------------------------- validation
 
@@ -91,7 +91,7 @@ def resource(stage, key):
     return value
 
 
-# Options a rule builds in a params function (lrc.workflow_config refuses them in the config).
+# Options a rule builds in a params function (lrc.workflow.config refuses them in the config).
 def tokenize_paths(wildcards, input):
     options = wc.tokenize_options(is_world(wildcards.exp), wildcards.kind, input.get("world"), input.get("teacher"))
     return wc.cli_flags(options, sort=False)

@@ -1,0 +1,210 @@
+"""The pieces every claim table is made of: the paper's numbers, scores by seed, and rows.
+
+A claim table (`lrc claims CLAIM`) has one row per comparison, with the same leading columns
+(``ROW_COLUMNS``): the paper's number and which of its settings it is, the miniature's mean,
+its 95 % t interval over seeds, the seeds and per-seed values, the paired p-value, what
+"direction" means for the row and whether it holds. ``headline`` marks the rows that
+`lrc claims summary` carries into ``results/claims.csv``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+from lrc.analysis.stats import (
+    CI_METHOD,
+    mean,
+    paired_differences,
+    paired_t_pvalue,
+    per_seed_text,
+    t_interval,
+)
+from lrc.analysis.tables import load_evaluations
+from lrc.errors import LRCError
+
+PAPER_SOURCE = "docs/method.md §4"
+ROW_COLUMNS = (
+    "claim", "comparison", "experiment", "recipe", "tokens", "paper", "paper_setting", "paper_source",
+    "miniature", "ci_low", "ci_high", "n_seeds", "seeds", "per_seed", "p_value",
+    "direction", "direction_holds", "ci_excludes_zero", "headline", "ci_method",
+)
+
+
+@dataclass(frozen=True)
+class Paper:
+    """The paper's number for one comparison (None: it has none) and how to read the direction.
+
+    ``sign``: the miniature's effect has the paper's sign; ``null``: the paper found no effect,
+    so it holds when the whole interval lies within ±``EQUIVALENCE_MARGIN`` points, fails when
+    the interval excludes 0, and is inconclusive (blank) otherwise — an interval that merely
+    holds 0 is a lack of evidence, not a null; ``size``: a size to set beside the paper's, no
+    direction; ``chance``: the knockout rule (see :func:`lrc.analysis.claims_measures`); ``none``:
+    nothing to compare with.
+    """
+
+    value: float | None
+    setting: str
+    kind: Literal["sign", "null", "size", "chance", "none"] = "sign"
+
+
+# The null's equivalence margin, in points of the aggregate (a choice: about the size of the
+# paper's own "within evaluation noise", 66.21 vs 66.18 and 64.02 vs 64.04).
+EQUIVALENCE_MARGIN = 1.0
+
+
+NO_PAPER = Paper(None, "the paper has no number for this", "none")
+LLAMA_1B5 = "Llama-3.2-3B → 1.5B, 10B tokens"
+# METHOD.md §4 (the same text as docs/method.md §4). Differences of two published scores are
+# marked "derived".
+PAPER = {
+    ("table1", "dense"): Paper(2.23, f"{LLAMA_1B5}, strictly matched dense arm (+2.71 Llama-3.1-8B → 2.7B, +6.39 Qwen2.5-3B → 1.7B)"),
+    ("table1", "core"): Paper(2.36, f"{LLAMA_1B5}, teacher-spectral arm (+10.45 Qwen2.5-3B → 1.7B)"),
+    ("controls", "dense"): Paper(2.23, f"{LLAMA_1B5}, strictly matched dense arm"),
+    ("controls", "core"): Paper(2.36, f"{LLAMA_1B5}, teacher-spectral arm"),
+    ("controls", "randcomp"): Paper(1.72, f"{LLAMA_1B5}: random completion 64.76 − plain LRC 63.04 (= 65.40 − 2.36), derived"),
+    ("controls", "confined"): Paper(-0.02, f"{LLAMA_1B5}: equal-parameter slice-confined 64.02 vs plain LRC 64.04 (a null)", "null"),
+    ("controls", "core-dense"): Paper(0.13, f"{LLAMA_1B5}: spectral 65.40 − dense 65.27, derived"),
+    ("controls", "randcomp-core"): Paper(-0.64, f"{LLAMA_1B5}: random completion 64.76 − spectral 65.40, derived"),
+    ("cross_recipe", "lrc"): Paper(1.82, "the controls' backbone, 2B tokens, slice → full under the LRC recipe"),
+    ("cross_recipe", "kl"): Paper(2.86, "the controls' backbone, 2B tokens, slice → full under the KL-only recipe"),
+    ("cross_recipe", "kl-lrc"): Paper(1.04, "2B tokens: +2.86 (KL-only) − +1.82 (LRC), derived"),
+    ("saturation", "gap"): Paper(2.54, "Llama-3.2-3B → 1.5B: full 65.40 at 10B tokens − plain LRC's plateau 62.86 at 50B (the paper: ~2.5)"),
+    ("knockout", "outside"): Paper(7.4, "the full-reach student's weight energy outside the teacher's spaces: 7.4 %", "size"),
+    ("knockout", "chance"): Paper(0.0, "removing that complement collapses the full-reach student to chance", "chance"),
+    ("sft", "full-teacher"): Paper(0.03, "1.5B student (the paper's teacher-spectral arm) 66.21 after SFT vs its teacher Llama-3.2-3B 66.18, derived"),
+    ("sft", "full-gain"): Paper(0.81, "1.5B student (the paper's teacher-spectral arm) 66.21 after SFT − 65.40 before, derived"),
+    ("sft", "slice-gain"): Paper(1.00, "original LRC-1.5B 63.48 after SFT − its base 62.48, derived"),
+}
+
+
+def paper(claim: str, key: str) -> Paper:
+    return PAPER.get((claim, key), NO_PAPER)
+
+
+# ----------------------------------------------------------------------------- evaluation scores
+
+
+def experiment_of_input(path: Path) -> str:
+    """The experiment of a claim's input: results/{exp}/eval/x.json, results/{exp}/occupancy/x.csv,
+    results/{exp}/distill/{run}/update_energy.csv (a claim CSV or another file: its folder)."""
+    path = Path(path)
+    if path.name == "update_energy.csv":
+        return path.parent.parent.parent.name
+    return path.parent.parent.name if path.parent.name in ("eval", "occupancy") else path.parent.name
+
+
+def by_experiment(paths: Sequence[Path]) -> dict[str, list[Path]]:
+    """The inputs grouped by experiment, in the order the experiments first appear."""
+    groups: dict[str, list[Path]] = {}
+    for path in paths:
+        groups.setdefault(experiment_of_input(Path(path)), []).append(Path(path))
+    return groups
+
+
+def load_records(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """Evaluation JSONs (lrc.commands.aggregate's reader), all of one experiment."""
+    records = load_evaluations(paths)
+    experiments = sorted({r["experiment"] for r in records})
+    if len(experiments) != 1:
+        raise LRCError(f"--inputs: evaluation files of {len(experiments)} experiments ({', '.join(experiments)}); give one experiment's")
+    return records
+
+
+def score(record: dict[str, Any]) -> float:
+    """The record's aggregate in percent (NaN where the suite has none)."""
+    value = record["data"]["aggregate"].get("value")
+    return float("nan") if value is None else 100.0 * float(value)
+
+
+def scores_by_seed(records: list[dict[str, Any]], *, recipe: str, arm: str, tokens: int | None,
+                   sft: bool = False, knockout: bool = False) -> dict[int, float]:
+    """seed -> aggregate (percent) of the runs matching; a seed given twice is an error."""
+    out: dict[int, float] = {}
+    for r in records:
+        if (r["recipe"], r["arm"], r["sft"], r.get("knockout", False)) != (recipe, arm, sft, knockout):
+            continue
+        if tokens is not None and r["tokens"] != tokens or r["seed"] is None:
+            continue
+        if r["seed"] in out:
+            raise LRCError(f"{recipe}-{arm} t{tokens}: seed {r['seed']} given twice (second: {r['file']})")
+        out[r["seed"]] = score(r)
+    return dict(sorted(out.items()))
+
+
+def teacher_record(records: list[dict[str, Any]], *, required: bool = True) -> dict[str, Any] | None:
+    found = [r for r in records if r["arm"] == "teacher"]
+    if not found and required:
+        raise LRCError("--inputs: no teacher.json among the evaluation files")
+    return found[0] if found else None
+
+
+def chance_level(record: dict[str, Any]) -> float:
+    """The suite's chance score in percent: the mean of the tasks' chance (the aggregate is the
+    mean over tasks), NaN where a task does not know its chance."""
+    chances = [t.get("chance") for t in record["data"]["tasks"].values()]
+    if not chances or any(c is None for c in chances):
+        return float("nan")
+    return 100.0 * sum(chances) / len(chances)
+
+
+def student_runs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r["arm"] != "teacher" and r["seed"] is not None]
+
+
+# ----------------------------------------------------------------------------- rows
+
+
+def measure_row(claim: str, comparison: str, values: Mapping[int, float], *, ref: Paper = NO_PAPER,
+                headline: bool = False, **extra: Any) -> dict[str, Any]:
+    """A row for one measured quantity (its mean and interval over seeds, no test)."""
+    return _row(claim, comparison, dict(values), float("nan"), ref, headline, extra)
+
+
+def paired_row(claim: str, comparison: str, a: Mapping[int, float], b: Mapping[int, float], *, a_name: str,
+               b_name: str, ref: Paper = NO_PAPER, headline: bool = False, **extra: Any) -> dict[str, Any]:
+    """A row for ``a - b`` paired by seed: mean difference, its interval, paired p-value."""
+    diffs = paired_differences(a, b, a_name=a_name, b_name=b_name)
+    extra = {"model": a_name, "model_mean": mean(a.values()), "model_per_seed": per_seed_text(a), "baseline": b_name,
+             "baseline_mean": mean(b.values()), "baseline_per_seed": per_seed_text(b), **extra}
+    return _row(claim, comparison, diffs, paired_t_pvalue(diffs.values()), ref, headline, extra)
+
+
+def _row(claim, comparison, values, p_value, ref: Paper, headline, extra) -> dict[str, Any]:
+    iv = t_interval(values.values())
+    row = {
+        "claim": claim, "comparison": comparison, "experiment": extra.pop("experiment", ""),
+        "recipe": extra.pop("recipe", ""), "tokens": extra.pop("tokens", None),
+        "paper": ref.value, "paper_setting": ref.setting, "paper_source": PAPER_SOURCE if ref.value is not None else "",
+        "miniature": iv.mean, "ci_low": iv.low, "ci_high": iv.high, "n_seeds": iv.n,
+        "seeds": " ".join(map(str, sorted(values))), "per_seed": per_seed_text(values), "p_value": p_value,
+        "direction": extra.pop("direction", None) or direction_text(ref), "direction_holds": extra.pop("direction_holds", None),
+        "ci_excludes_zero": iv.excludes_zero, "headline": headline, "ci_method": CI_METHOD,
+    }
+    if row["direction_holds"] is None:
+        row["direction_holds"] = direction_holds(ref, iv)
+    return {**row, **extra}
+
+
+def direction_text(ref: Paper) -> str:
+    if ref.kind == "sign":
+        return f"same sign as the paper's {ref.value:+.2f}"
+    if ref.kind == "null":
+        return (f"no effect, as in the paper ({ref.value:+.2f}): holds if the interval lies within ±{EQUIVALENCE_MARGIN:g} points, "
+                "fails if it excludes 0, blank (inconclusive) otherwise")
+    if ref.kind == "size":
+        return f"a size beside the paper's {ref.value:g}, no direction to hold"
+    return "no paper number to compare with"
+
+
+def direction_holds(ref: Paper, iv) -> bool | None:
+    """sign: the signs agree; null: see :class:`Paper` (None without an interval); else None."""
+    if ref.kind == "sign" and ref.value and not math.isnan(iv.mean):
+        return (iv.mean > 0) == (ref.value > 0) and iv.mean != 0
+    if ref.kind == "null" and iv.excludes_zero is not None:
+        if iv.excludes_zero:
+            return False
+        return True if -EQUIVALENCE_MARGIN <= iv.low and iv.high <= EQUIVALENCE_MARGIN else None
+    return None

@@ -1,0 +1,125 @@
+"""`lrc claims summary`: results/claims.csv (one row per headline comparison) and claims.md.
+
+The claim CSVs (``results/claims/{claim}.csv``) already hold everything; the summary keeps the
+rows marked ``headline`` and names the Snakemake rule (``claim_<CLAIM>``) and the table each
+came from. The markdown is the readable page: the table, how to read "direction" on each row,
+the interval's method, the number of seeds and what the seed varies, and the time it took.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from lrc.analysis.stats import CI_METHOD
+from lrc.analysis.tables import read_csv_table
+from lrc.errors import LRCError
+from lrc.io.atomic import atomic_file
+
+SUMMARY_COLUMNS = ("claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds",
+                   "direction_holds", "ci_excludes_zero", "rule", "table")
+NEEDED = {"claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "direction_holds",
+          "ci_excludes_zero", "headline"}
+
+
+def read_claim_tables(paths: Sequence[Path]) -> pd.DataFrame:
+    """The headline rows of every claim CSV, with ``rule`` and ``table`` added."""
+    frames = []
+    for path in paths:
+        path = Path(path)
+        frame = read_csv_table(path, "claim table", NEEDED, hint=" (written by `lrc claims CLAIM`?)")
+        frame = frame[frame["headline"].astype(str) == "True"].copy()
+        frame["rule"] = "claim_" + frame["claim"].astype(str)
+        frame["table"] = str(path)
+        frames.append(frame)
+    rows = pd.concat(frames, ignore_index=True)
+    if not len(rows):
+        raise LRCError("--inputs: no headline row in the claim tables given")
+    if "experiment" in rows and rows["experiment"].nunique() > 1:  # claims.csv has no experiment column
+        rows["comparison"] = rows["experiment"].astype(str) + ": " + rows["comparison"].astype(str)
+    return rows
+
+
+def summary(paths: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(claims.csv's frame, the full headline rows for the markdown)."""
+    rows = read_claim_tables(paths)
+    return rows[list(SUMMARY_COLUMNS)].copy(), rows
+
+
+def read_seconds(path: Path) -> float:
+    try:
+        return float(Path(path).read_text().split()[0])
+    except (OSError, IndexError, ValueError) as err:
+        raise LRCError(f"--time-file {path}: expected a number of seconds ({err})") from err
+
+
+def markdown(rows: pd.DataFrame, *, seconds: float | None = None) -> str:
+    seeds = sorted({int(n) for n in rows["n_seeds"] if not pd.isna(n)})
+    lines = [
+        "# The paper's claims in miniature",
+        "",
+        f"{len(rows)} comparisons from {rows['table'].nunique()} claim tables (`lrc claims`); "
+        f"seeds per comparison: {', '.join(map(str, seeds))}."
+        + (f" Time taken: {seconds / 60:.1f} min ({seconds:.0f} s)." if seconds is not None else ""),
+        "",
+        "| # | claim | comparison | paper | miniature [95 % CI] | seeds | p (t-test) | direction holds | CI excludes 0 | rule |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(rows.to_dict("records"), start=1):
+        lines.append(
+            f"| {i} | {r['claim']} | {r['comparison']} | {_number(r['paper'])} | {_number(r['miniature'])} "
+            f"{_interval(r)} | {_count(r['n_seeds'])} | {_p(r.get('p_value'))} | {_yes_no(r['direction_holds'])} "
+            f"| {_yes_no(r['ci_excludes_zero'])} | `{r['rule']}` |"
+        )
+    lines += ["", "## How to read it", "",
+              f"- Interval: {CI_METHOD} (blank for one seed). Scores are the suite's aggregate in percent; gains are "
+              "paired by seed (same seed = same data order); p is the two-sided t-test of the per-seed differences "
+              "(paired by seed; against the teacher's or chance's fixed score where a row compares with one).",
+              "- The seed varies the data order and anything random in the arm; it does not vary the teacher, "
+              "nor the warm start unless `claims.vary_warmstart` is set: see "
+              "[docs/method.md §7, what a seed varies](../docs/method.md) and the README.",
+              "- Paper numbers: docs/method.md §4; each claim table's `paper_setting` names the paper's setting.",
+              "", "What \"direction\" means on each row, the paper's setting, and the table:", ""]
+    lines += [_note(i, r) for i, r in enumerate(rows.to_dict("records"), start=1)]
+    return "\n".join(lines) + "\n"
+
+
+def _note(i: int, row: dict[str, Any]) -> str:
+    setting = "" if _missing(row.get("paper")) else f" Paper: {row.get('paper_setting', '')}."
+    return f"{i}. {row.get('direction', '')}.{setting} Table: `{row['table']}`."
+
+
+def write_markdown(text: str, out: Path) -> None:
+    with atomic_file(out) as tmp:
+        Path(tmp).write_text(text)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value == ""
+
+
+def _number(value: Any) -> str:
+    return "—" if _missing(value) else f"{float(value):+.2f}"
+
+
+def _interval(row: dict[str, Any]) -> str:
+    if _missing(row["ci_low"]) or _missing(row["ci_high"]):
+        return ""
+    return f"[{float(row['ci_low']):+.2f}, {float(row['ci_high']):+.2f}]"
+
+
+def _count(value: Any) -> str:
+    return "—" if _missing(value) else str(int(value))
+
+
+def _p(value: Any) -> str:
+    return "—" if _missing(value) else f"{float(value):.3g}"
+
+
+def _yes_no(value: Any) -> str:
+    if _missing(value):
+        return "—"
+    return "yes" if str(value) == "True" else "no"

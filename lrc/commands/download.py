@@ -1,0 +1,31 @@
+"""`lrc download`: a teacher from the Hugging Face hub at a pinned revision (:mod:`lrc.io.hub`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from lrc.io.hub import copy_teacher_files, fetch_snapshot
+from lrc.io.provenance import write_settings
+from lrc.options import parse_args
+
+
+@dataclass(kw_only=True)
+class DownloadArgs:
+    """Download a teacher (safetensors, config, tokenizer) from the Hugging Face hub at a pinned revision."""
+
+    repo_id: str = field(metadata={"help": "hub model id, e.g. meta-llama/Llama-3.2-3B"})
+    revision: str = field(metadata={"help": "commit hash (or tag) to pin; recorded in settings.json"})
+    out: Path = field(metadata={"help": "output directory (a plain HF checkpoint)"})
+    cache_dir: Path | None = field(default=None, metadata={"help": "hub cache directory (default: the hub's own)"})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(DownloadArgs, argv, prog="lrc download")
+    snapshot = fetch_snapshot(args.repo_id, args.revision, args.cache_dir)
+    # The snapshot folder is named by the commit the revision resolved to.
+    files = copy_teacher_files(snapshot, Path(args.out), repo_id=args.repo_id, revision=args.revision,
+                               before_commit=lambda tmp, keep: write_settings(tmp, "download", args, commit=snapshot.name, files=keep))
+    print(f"{args.out}: {args.repo_id}@{snapshot.name}, {len(files)} files")
+    return 0

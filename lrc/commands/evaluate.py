@@ -1,0 +1,367 @@
+"""`lrc evaluate`: one model, one suite, one JSON.
+
+The multiple-choice suite runs through lm-eval's Python API (``simple_evaluate`` on an
+``HFLM`` wrapping the loaded model). The suites (:mod:`lrc.io.suites`): ``paper`` (the paper's
+nine zero-shot tasks with the metric METHOD.md names for each; needs the hub for the
+datasets), ``tiny`` (the tiny world's local tasks), ``local`` (any local lm-eval task
+directory, e.g. the held-out tasks `lrc tasks` writes; offline) and ``none`` (no lm-eval
+run: the held-out measures only, offline, for any teacher). Besides the suite, cheap
+continuous measures that move before accuracy does: perplexity on a held-out token directory, forward KL(teacher || model) on the same
+rows, the mean log-probability lm-eval gave the right answer, and (tiny suite) the KL to the
+teacher at the position where the answer is predicted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import torch
+import yaml
+
+from lrc.errors import LRCError
+from lrc.io.atomic import write_json_atomic
+from lrc.io.hf import has_tokenizer, load_causal_lm, load_tokenizer
+from lrc.io.provenance import library_versions, provenance
+from lrc.io.suites import load_suite
+from lrc.io.tokens import TokenDataset, check_vocab, tokenizer_fingerprint
+from lrc.method.losses import kl_per_position, next_token_nll
+from lrc.options import parse_args
+
+
+@dataclass(kw_only=True)
+class EvaluateArgs:
+    """Evaluate a checkpoint on a suite (lm-eval) plus held-out perplexity, KL to teacher, answer log-prob."""
+
+    model: str = field(metadata={"help": "HF checkpoint directory (safetensors) to evaluate", "positional": True})
+    out: Path = field(metadata={"help": "evaluation JSON to write"})
+    suite: Literal["tiny", "paper", "local", "none"] = field(default="tiny", metadata={
+        "help": "task suite: tiny, paper (lrc/io/suites/<suite>.yaml), local (the lm-eval tasks in --tasks-dir), none (held-out measures only)"})
+    tasks_dir: Path | None = field(default=None, metadata={"help": "tiny suite: the world's tasks/ directory; local suite: a directory of lm-eval task YAMLs"})
+    tasks: list[str] | None = field(default=None, metadata={"help": "evaluate only these tasks of the suite"})
+    teacher: str | None = field(default=None, metadata={"help": "teacher checkpoint: KL on the held-out rows and at the answer position (tiny suite)"})
+    heldout: Path | None = field(default=None, metadata={"help": "held-out token directory (perplexity, KL)"})
+    heldout_rows: int = field(default=64, metadata={"help": "rows of --heldout to use"})
+    tokenizer: str | None = field(default=None, metadata={"help": "tokenizer directory (default: the model's)"})
+    batch_size: int = field(default=16, metadata={"help": "lm-eval and held-out batch size"})
+    limit: float | None = field(default=None, metadata={"help": "lm-eval limit: documents per task (or a fraction if < 1)"})
+    num_fewshot: int = field(default=0, metadata={"help": "few-shot examples (the paper: 0)"})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N, or auto"})
+    threads: int | None = field(default=None, metadata={"help": "CPU threads for torch (default: torch's own choice)"})
+    name: str | None = field(default=None, metadata={"help": "model name in the JSON (default: the directory name)"})
+
+    def __post_init__(self) -> None:
+        if self.suite == "tiny" and self.tasks_dir is None:
+            raise LRCError("--suite tiny needs --tasks-dir (the world's tasks/ directory)")
+        if self.batch_size < 1 or self.heldout_rows < 1:
+            raise LRCError("--batch-size and --heldout-rows must be positive")
+        if self.num_fewshot < 0:
+            raise LRCError(f"--num-fewshot must be >= 0, got {self.num_fewshot}")
+        if self.suite == "none" and self.tasks:
+            raise LRCError(f"--suite none runs no task; --tasks {self.tasks} asks for some")
+        if self.suite == "none" and self.heldout is None:
+            raise LRCError("--suite none measures only held-out rows: give --heldout (a token directory)")
+
+
+# ---------------------------------------------------------------------------------------
+# The lm-eval call
+
+
+def selected_tasks(suite: dict[str, Any], only: list[str] | None) -> dict[str, dict[str, Any]]:
+    tasks = suite["tasks"]
+    if only:
+        unknown = [t for t in only if t not in tasks]
+        if unknown:
+            raise LRCError(f"--tasks {unknown} not in suite {suite['name']!r}; it has: {', '.join(tasks)}")
+        tasks = {t: tasks[t] for t in only}
+    out = {}
+    for name, spec in tasks.items():
+        chance = spec.get("chance", 1.0 / spec["choices"] if "choices" in spec else None)
+        out[name] = {"metric": spec["metric"], "chance": chance}
+    return out
+
+
+def prepare_include_dir(tasks_dir: Path, names: Sequence[str], into: Path, files: dict[str, str] | None = None) -> Path:
+    """Copy the task YAMLs (``files``: task -> file name, default ``<task>.yaml``) into ``into``
+    with absolute data paths in ``tasks_dir``.
+
+    lm-eval resolves relative ``data_files`` against the working directory, and the world
+    may have moved since it was written; so the data file is re-pointed here, by name (or,
+    for a file in a subdirectory, by its path relative to ``tasks_dir``).
+    """
+    tasks_dir = Path(tasks_dir).resolve()
+    if not tasks_dir.is_dir():
+        raise LRCError(f"--tasks-dir {tasks_dir} is not a directory")
+    into.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        src = tasks_dir / (files or {}).get(name, f"{name}.yaml")
+        if not src.is_file():
+            raise LRCError(f"--tasks-dir {tasks_dir} has no task file {src.name}")
+        config = yaml.safe_load(src.read_text())
+        data_files = config.get("dataset_kwargs", {}).get("data_files", {})
+        for split, path in (data_files.items() if isinstance(data_files, dict) else ()):
+            inside = [tasks_dir / Path(path).name] + ([] if Path(path).is_absolute() else [tasks_dir / path])
+            found = [p for p in inside if p.is_file()]
+            if not found:
+                raise LRCError(f"task {name}: data file {tasks_dir / Path(path).name} not found")
+            data_files[split] = str(found[0])
+        (into / src.name).write_text(yaml.safe_dump(config, sort_keys=False))
+    return into
+
+
+def lm_eval_call(args: EvaluateArgs, tasks: dict[str, dict[str, Any]], include_dir: Path | None) -> dict[str, Any]:
+    """The keyword arguments for ``lm_eval.simple_evaluate`` (all but the model)."""
+    from lm_eval.tasks import TaskManager
+
+    # The tiny suite needs only its own YAMLs; skipping lm-eval's thousands of built-in
+    # task files saves most of the start-up time.
+    manager = (TaskManager(include_path=str(include_dir), include_defaults=False)
+               if include_dir is not None else TaskManager())
+    limit = args.limit
+    if limit is not None and limit >= 1:
+        limit = int(limit)
+    return {
+        "tasks": list(tasks),
+        "num_fewshot": args.num_fewshot,
+        "batch_size": args.batch_size,
+        "limit": limit,
+        "task_manager": manager,
+        "log_samples": True,  # per-document log-likelihoods, for the answer log-prob
+        "bootstrap_iters": 1000,
+        "random_seed": 0,
+        "numpy_random_seed": 1234,
+        "torch_random_seed": 1234,
+        "fewshot_random_seed": 1234,
+    }
+
+
+def check_tasks_known(manager: Any, tasks: dict[str, dict[str, Any]]) -> None:
+    """Refuse, before any dataset is fetched, a task lm-eval does not know or a metric it
+    does not compute for that task (a group's aggregate metric counts)."""
+    for name, spec in tasks.items():
+        entry = manager.task_index.get(name)
+        if entry is None:
+            raise LRCError(f"lm-eval has no task or group named {name!r}")
+        cfg = entry.cfg or {}
+        metrics = [m.get("metric") for m in (cfg.get("metric_list") or cfg.get("aggregate_metric_list") or [])]
+        if spec["metric"] not in metrics:
+            raise LRCError(f"lm-eval task {name!r} does not compute {spec['metric']!r} (it computes {metrics})")
+
+
+def read_lm_eval_results(results: dict[str, Any], tasks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Pick each task's reported metric (and stderr) out of lm-eval's results."""
+    out = {}
+    for name, spec in tasks.items():
+        row = results["results"].get(name)
+        key = f"{spec['metric']},none"
+        if row is None or key not in row:
+            raise LRCError(f"lm-eval returned no {spec['metric']!r} for task {name!r} (got {sorted(row or {})})")
+        stderr = row.get(f"{spec['metric']}_stderr,none")
+        entry = {
+            "metric": spec["metric"],
+            "value": float(row[key]),
+            "stderr": float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None,
+            "chance": spec["chance"],
+        }
+        for other in ("acc", "acc_norm"):
+            if f"{other},none" in row:
+                entry[other] = float(row[f"{other},none"])
+        logprob = answer_logprob(results.get("samples", {}), name)
+        if logprob is not None:
+            entry["answer_logprob"] = logprob
+        out[name] = entry
+    return out
+
+
+def answer_logprob(samples: dict[str, list[dict]], task: str) -> float | None:
+    """Mean log-likelihood lm-eval gave the gold choice (groups: over their subtasks)."""
+    names = [task] if task in samples else [t for t in samples if t.startswith(task + "_") or t.startswith(task + ".")]
+    values = []
+    for name in names:
+        for s in samples.get(name, []):
+            gold = s.get("target")
+            resps = s.get("filtered_resps") or s.get("resps")
+            if isinstance(gold, int) and resps and 0 <= gold < len(resps):
+                ll = resps[gold]
+                ll = ll[0] if isinstance(ll, (list, tuple)) else ll
+                values.append(float(ll[0] if isinstance(ll, (list, tuple)) else ll))
+    return sum(values) / len(values) if values else None
+
+
+# ---------------------------------------------------------------------------------------
+# Models and held-out measures
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_model(path: str, device: torch.device, *, role: str = "--model"):
+    """A causal LM from a safetensors checkpoint, no remote code, fp32 on CPU."""
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    return load_causal_lm(path, dtype=dtype, role=role).to(device).eval()
+
+
+@torch.no_grad()
+def heldout_measures(model, rows: torch.Tensor, masks: torch.Tensor, *, teacher=None, batch_size: int = 16) -> dict[str, float]:
+    """Perplexity of ``model`` on ``rows`` and, with a teacher, the mean per-token forward
+    KL(p_teacher || p_model) at temperature 1, both over the positions the mask counts."""
+    total_nll, total_kl, count = 0.0, 0.0, 0
+    device = next(model.parameters()).device
+    for start in range(0, rows.shape[0], batch_size):
+        ids = rows[start:start + batch_size].to(device)
+        counted = masks[start:start + batch_size, 1:].to(device)
+        logits = model(ids).logits
+        total_nll += next_token_nll(logits, ids)[counted].sum().item()
+        count += int(counted.sum().item())
+        if teacher is not None:
+            kl = kl_per_position(teacher(ids).logits[:, :-1], logits[:, :-1])
+            total_kl += kl[counted].sum().item()
+    if count == 0:
+        raise LRCError("the held-out rows have no counted positions")
+    out = {"perplexity": math.exp(total_nll / count), "heldout_tokens": count}
+    if teacher is not None:
+        out["kl_to_teacher"] = total_kl / count
+    return out
+
+
+@torch.no_grad()
+def answer_kl(model, teacher, tokenizer, contexts: Sequence[str], *, batch_size: int = 16) -> float:
+    """Mean forward KL(p_teacher || p_model) of the next-token distribution right after each
+    question's context, where the answer's first token is predicted (the tiny world's facts)."""
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    total = 0.0
+    for start in range(0, len(contexts), batch_size):
+        encoded = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in contexts[start:start + batch_size]]
+        width = max(map(len, encoded))
+        # Right padding: the causal mask keeps every real position independent of the pads.
+        ids = torch.tensor([e + [pad] * (width - len(e)) for e in encoded], device=device)
+        attention = torch.tensor([[1] * len(e) + [0] * (width - len(e)) for e in encoded], device=device)
+        last = torch.tensor([len(e) - 1 for e in encoded], device=device)
+        rows = torch.arange(len(encoded), device=device)
+        student_logits = model(ids, attention_mask=attention).logits[rows, last]
+        teacher_logits = teacher(ids, attention_mask=attention).logits[rows, last]
+        total += kl_per_position(teacher_logits, student_logits).sum().item()
+    return total / len(contexts)
+
+
+def task_contexts(include_dir: Path, names: Sequence[str], limit: float | None) -> list[str]:
+    """The question contexts of the tiny suite's tasks (the first ``limit`` per task), unique."""
+    contexts: dict[str, None] = {}
+    for name in names:
+        config = yaml.safe_load((include_dir / f"{name}.yaml").read_text())
+        lines = Path(config["dataset_kwargs"]["data_files"]["test"]).read_text().splitlines()
+        if limit is not None:
+            lines = lines[: int(limit) if limit >= 1 else max(1, int(len(lines) * limit))]
+        contexts.update({json.loads(line)["context"]: None for line in lines if line.strip()})
+    return list(contexts)
+
+
+def check_tokenizer(args: EvaluateArgs, tokenizer: Any) -> None:
+    """Refuse a --tokenizer whose ids mean other tokens than those of the tokenizer saved with
+    --model or --teacher (a same-size vocabulary would score garbage without an error)."""
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    others = [("--model", args.model)] if args.tokenizer is not None else []
+    others += [("--teacher", args.teacher)] if args.teacher is not None else []
+    for role, directory in others:
+        if not has_tokenizer(directory):
+            continue
+        own = tokenizer_fingerprint(load_tokenizer(directory))
+        if own != fingerprint:
+            raise LRCError(f"the tokenizer {args.tokenizer or args.model} (fingerprint {fingerprint}) is not "
+                           f"the one saved with {role} {directory} (fingerprint {own}): the same ids would "
+                           "mean other tokens; evaluate with the model's own tokenizer")
+
+
+def heldout_rows(ds: TokenDataset, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    items = [ds[i] for i in range(min(n, len(ds)))]
+    return torch.stack([i["input_ids"] for i in items]), torch.stack([i["loss_mask"] for i in items])
+
+
+# ---------------------------------------------------------------------------------------
+# The command
+
+
+def run_suite(args: EvaluateArgs, suite: dict[str, Any], tasks: dict[str, dict[str, Any]], model, tokenizer,
+              device: torch.device) -> tuple[dict[str, dict[str, Any]], list[str], int | float | None]:
+    """lm-eval on the chosen tasks: (task results, the tiny suite's question contexts, the limit used)."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
+    local = args.suite in ("tiny", "local")
+    files = {name: suite["tasks"][name].get("file", f"{name}.yaml") for name in tasks}
+    with tempfile.TemporaryDirectory(prefix="lrc-eval-") as tmp:
+        include = prepare_include_dir(args.tasks_dir, list(tasks), Path(tmp), files) if local else None
+        call = lm_eval_call(args, tasks, include)
+        check_tasks_known(call["task_manager"], tasks)
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size, device=str(device),
+                  trust_remote_code=False)
+        contexts = task_contexts(include, list(tasks), args.limit) if args.suite == "tiny" else []
+        try:
+            results = lm_eval.simple_evaluate(model=lm, **call)
+        except Exception as err:  # most often: a hub dataset that cannot be fetched offline
+            raise LRCError(f"lm-eval failed on suite {args.suite!r} (tasks {', '.join(tasks)}): {type(err).__name__}: {err}"
+                           + (" -- the paper suite needs the hub's datasets (network, or a populated "
+                              "HF_DATASETS_CACHE)" if args.suite == "paper" else "")) from err
+    return read_lm_eval_results(results, tasks), contexts, call["limit"]
+
+
+def evaluate(args: EvaluateArgs) -> dict[str, Any]:
+    """Run the evaluation and return the JSON record (without writing it)."""
+    if args.threads:
+        # On a shared CPU, fewer threads than torch's default avoid oversubscription stalls.
+        torch.set_num_threads(args.threads)
+    suite = load_suite(args.suite, args.tasks_dir)
+    tasks = selected_tasks(suite, args.tasks)
+    device = resolve_device(args.device)
+    model = load_model(args.model, device)
+    tokenizer = load_tokenizer(args.tokenizer or args.model)
+    check_vocab(len(tokenizer), model)
+    check_tokenizer(args, tokenizer)
+    # Opened (and verified) before lm-eval runs, so a wrong held-out set fails fast.
+    heldout = TokenDataset(args.heldout, expect_tokenizer=tokenizer) if args.heldout is not None else None
+    if heldout is not None:
+        check_vocab(heldout, model)
+    task_results, contexts, limit = run_suite(args, suite, tasks, model, tokenizer, device) if tasks else ({}, [], None)
+    values = [t["value"] for t in task_results.values()]
+    logprobs = [t["answer_logprob"] for t in task_results.values() if "answer_logprob" in t]
+    extra: dict[str, Any] = {"answer_logprob": sum(logprobs) / len(logprobs) if logprobs else None}
+    teacher = load_model(args.teacher, device, role="--teacher") if args.teacher else None
+    if teacher is not None:
+        if teacher.get_output_embeddings().weight.shape[0] != model.get_output_embeddings().weight.shape[0]:
+            raise LRCError(f"--teacher {args.teacher} and --model {args.model} have different vocabularies")
+        if contexts:
+            extra["answer_kl"] = answer_kl(model, teacher, tokenizer, contexts, batch_size=args.batch_size)
+    if heldout is not None:
+        rows, masks = heldout_rows(heldout, args.heldout_rows)
+        extra.update(heldout_measures(model, rows, masks, teacher=teacher, batch_size=args.batch_size))
+    return {
+        "model": args.name or Path(args.model).resolve().name,
+        "suite": args.suite,
+        "tasks": task_results,
+        # No task (suite none): no aggregate value; the held-out measures in `extra` stand alone.
+        "aggregate": {"name": suite["aggregate"], "value": sum(values) / len(values) if values else None},
+        "extra": extra,
+        "lm_eval": {"version": library_versions()["lm_eval"],
+                    "num_fewshot": args.num_fewshot, "batch_size": args.batch_size, "limit": limit},
+        "settings": provenance("evaluate", args),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(EvaluateArgs, argv, prog="lrc evaluate")
+    record = evaluate(args)
+    write_json_atomic(args.out, record)
+    parts = [f"{k} {v['metric']} {v['value']:.3f}" for k, v in record["tasks"].items()]
+    parts += [f"{k} {record['extra'][k]:.4f}" for k in ("perplexity", "kl_to_teacher") if k in record["extra"]]
+    aggregate = record["aggregate"]
+    head = f"{aggregate['name']} {aggregate['value']:.4f} " if aggregate["value"] is not None else ""
+    print(f"{record['model']}: {head}({', '.join(parts)})")
+    return 0

@@ -1,0 +1,155 @@
+"""Merge a trained LRC student into a plain Hugging Face checkpoint, verified (`lrc merge`).
+
+:func:`merge_student` materialises every parametrised weight first (reading each one
+through the student's own modules), and only then builds a fresh model of the student's
+config and loads them; the training student is never modified (DESIGN.md "Known traps":
+removing parametrisations one by one rewrites a shared tied factor). Tied stays tied
+(one tensor, re-tied after loading), untied stays untied, and the trained RMSNorm eps is
+the one in the saved config.
+
+:func:`save_merged` writes the checkpoint (safetensors) to a temporary directory, reloads
+it with :func:`lrc.io.hf.load_causal_lm` (plain ``from_pretrained``, no custom code), compares its
+logits with the training student's on a check batch, and only renames it into place
+when the max abs difference is within ``atol``; ``merge_check.json`` records the result.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers.initialization import no_init_weights
+
+from lrc.errors import LRCError
+from lrc.io.atomic import atomic_dir, write_json_atomic
+from lrc.io.hf import load_causal_lm, load_teacher, save_causal_lm, tokenizer_if_any
+from lrc.io.provenance import write_settings
+from lrc.io.tokens import TokenDataset
+from lrc.method.spectral import load_bases
+from lrc.method.student import load_lrc_state
+from lrc.options import parse_args
+
+MERGE_CHECK = "merge_check.json"
+
+
+def _resolve(model, dotted: str) -> torch.Tensor:
+    obj = model
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def plain_config(student):
+    cfg = copy.deepcopy(student.config)
+    cfg.tie_word_embeddings = bool(student.lrc_info["tie_word_embeddings"]) if hasattr(student, "lrc_info") else cfg.tie_word_embeddings
+    return cfg
+
+
+@torch.no_grad()
+def merge_student(student):
+    """A new plain model (same class, student config) with the materialised weights."""
+    cfg = plain_config(student)
+    with no_init_weights():  # every weight is loaded below
+        merged = type(student)(cfg)
+    names = list(merged.state_dict().keys())
+    # Materialise everything before touching anything (parametrised attributes compute W).
+    values = {k: _resolve(student, k).detach().clone() for k in names}
+    dtype = next(iter(values.values())).dtype
+    merged = merged.to(dtype)
+    merged.load_state_dict(values, strict=True)
+    if cfg.tie_word_embeddings:
+        merged.lm_head.weight = merged.model.embed_tokens.weight
+    return merged.to(_resolve(student, "model.embed_tokens.weight").device).eval()
+
+
+def default_check_ids(vocab_size: int, rows: int = 2, length: int = 16, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (rows, length), generator=g)
+
+
+@torch.no_grad()
+def _logits(model, ids):
+    return model(input_ids=ids.to(next(model.parameters()).device), use_cache=False).logits.float().cpu()
+
+
+def save_merged(student, out_dir, *, tokenizer=None, check_ids=None, atol: float = 1e-5) -> dict:
+    """Save the merged student to ``out_dir`` and verify it by reloading; returns the check."""
+    merged = merge_student(student)
+    if check_ids is None:
+        check_ids = default_check_ids(student.config.vocab_size)
+    with atomic_dir(out_dir) as tmp:  # a failed check raises: nothing is left behind
+        return _save_and_check(student, merged, tmp, tokenizer, check_ids, atol)
+
+
+def _save_and_check(student, merged, tmp: Path, tokenizer, check_ids, atol: float) -> dict:
+    """Save into ``tmp``, reload, compare logits, record merge_check.json; raise on a failed check."""
+    save_causal_lm(merged, tmp, tokenizer)
+    was_training = student.training
+    student.eval()
+    try:
+        reference = _logits(student, check_ids)
+    finally:
+        student.train(was_training)
+    reloaded = load_causal_lm(tmp, dtype=merged.dtype, role="merged model")
+    reloaded.to(next(student.parameters()).device)  # same device as the reference logits
+    diff = (_logits(reloaded, check_ids) - reference).abs().max().item()
+    check = {
+        "max_abs_diff": diff,
+        "atol": atol,
+        "passed": diff <= atol,
+        "check_batch_shape": list(check_ids.shape),
+        "tie_word_embeddings": bool(reloaded.config.tie_word_embeddings),
+        "rms_norm_eps": reloaded.config.rms_norm_eps,
+        "hidden_size": reloaded.config.hidden_size,
+        "arm": getattr(student, "lrc_info", {}).get("arm"),
+    }
+    write_json_atomic(tmp / MERGE_CHECK, check)
+    if not check["passed"]:
+        raise LRCError(f"merge check failed: reloaded logits differ from the training student's by {diff:.3g} > atol {atol:g}")
+    return check
+
+
+# ---------------------------------------------------------------- command line
+
+
+@dataclass(kw_only=True)
+class MergeArgs:
+    """Materialise a trained LRC student into a plain HF checkpoint and verify its logits."""
+
+    state: Path = field(metadata={"help": "LRC state directory (student.safetensors + lrc.json)"})
+    teacher: Path = field(metadata={"help": "teacher checkpoint directory"})
+    out: Path = field(metadata={"help": "output directory for the merged checkpoint"})
+    bases: Path | None = field(default=None, metadata={"help": "teacher bases directory (core/confined/randcomp; computed if omitted)"})
+    data: Path | None = field(default=None, metadata={"help": "token directory whose first rows form the check batch (default: seeded random ids)"})
+    check_rows: int = field(default=2, metadata={"help": "rows of --data in the check batch"})
+    check_len: int = field(default=128, metadata={"help": "tokens per row of the check batch (logits are rows x len x vocab)"})
+    atol: float = field(default=1e-5, metadata={"help": "max abs logit difference allowed"})
+    allow_pickle: bool = field(default=False, metadata={"help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
+
+
+def check_batch_from_tokens(directory: Path, rows: int, length: int) -> torch.Tensor:
+    ds = TokenDataset(directory)
+    if len(ds) == 0:
+        raise LRCError(f"token directory {directory} has no rows")
+    return torch.stack([ds[i]["input_ids"][:length] for i in range(min(rows, len(ds)))])
+
+
+def main(argv=None) -> int:
+    args = parse_args(MergeArgs, argv, prog="lrc merge")
+    teacher = load_teacher(args.teacher, allow_pickle=args.allow_pickle)
+    bases = load_bases(args.bases, teacher) if args.bases is not None else None
+    student = load_lrc_state(args.state, teacher, bases)
+    if args.check_rows < 1 or args.check_len < 2:
+        raise LRCError(f"--check-rows {args.check_rows} / --check-len {args.check_len}: need at least 1 row of 2 tokens")
+    if args.data is not None:
+        check_ids = check_batch_from_tokens(args.data, args.check_rows, args.check_len)
+    else:
+        check_ids = default_check_ids(student.config.vocab_size, args.check_rows, args.check_len)
+    if int(check_ids.max()) >= student.config.vocab_size:
+        raise LRCError(f"--data {args.data}: token id {int(check_ids.max())} outside the vocabulary ({student.config.vocab_size})")
+    check = save_merged(student, args.out, tokenizer=tokenizer_if_any(args.teacher), check_ids=check_ids, atol=args.atol)
+    write_settings(args.out, "merge", args, merge_check=check)
+    print(f"merged {check['arm']} student to {args.out}: max |logit diff| = {check['max_abs_diff']:.3g}")
+    return 0

@@ -1,0 +1,372 @@
+"""The parameterisations of METHOD.md §1 and §3, as ``torch.nn.utils.parametrize`` modules.
+
+Each module maps the trainable tensor stored in ``parametrizations.weight.original`` to
+the deployed weight of a real transformers ``nn.Linear`` / ``nn.Embedding``. The teacher
+weights are read from the teacher module itself (:class:`TeacherTensor`: no copy, the
+teacher's dtype); the bases are *non-persistent* buffers. Neither is ever trained or
+written into an LRC state (they are the teacher's, and rebuilt from its bases).
+
+Plain LRC factors (every weight of the `slice` student):
+
+* :class:`TeacherTimesFactor`  ``W = T · A``   (q/k/v, ``A [H, r]``)
+* :class:`FactorTimesTeacher`  ``W = B · T``   (o, down, ``B [r, H]``)
+* :class:`TeacherTimesFactorT` ``W = T · Pᵀ``  (gate/up, embedding, head, ``P [r, H]``)
+
+The arms change only gate/up/down. Their trainable tensors are stored column-oriented,
+``[d_ff, r]``; for down_proj (deployed ``[r, d_ff]``) the module returns the transpose,
+so the bases used are the teacher's right singular vectors (row space):
+
+* `dense`: no parametrisation, a plain trainable ``nn.Parameter`` = merged warm start.
+* `core` (:class:`SpectralCoordinates`): ``W = U_r·A + U_perp·C``, U_r the teacher SVD
+  basis, U_perp its Householder completion (see :mod:`lrc.method.spectral`); ``A = U_rᵀ W0``,
+  ``C = 0``; AdamW runs on ``[A; C]``.
+* `randcomp`: as `core` with ``U_perp · O``, O a seeded Haar-random orthogonal
+  ``(d_ff-H)²`` matrix (materialised: 105 MB fp32 per matrix at Llama-3.2-3B scale).
+
+Where core/randcomp's basis change runs (``core_impl`` of :func:`apply_arm`, recorded in
+``lrc.json``):
+
+* ``"optimizer"`` (default): the training model holds the deployed W as a plain trainable
+  weight (the dense arm's forward and backward, nothing rebuilt) with the
+  :class:`SpectralCoordinates` module attached as its coordinate map
+  (:data:`lrc.names.COORDINATES_ATTR`); :class:`lrc.training.optim.CoordinateAdamW` maps the
+  gradient to ``[A; C]`` (:meth:`SpectralCoordinates.coordinates`, the adjoint = inverse),
+  keeps AdamW's moments and the coordinates there and writes ``W = SpectralCoordinates([A; C])``
+  back, once per optimiser step: two ``ormqr`` products per matrix and step instead of two
+  per micro-batch. Same trajectory as the parametrised arm (tests/test_coordinates.py).
+* ``"optimizer-wy"``: as ``"optimizer"``, with the whole ``[U_r U_perp]·[A; C]`` applied as
+  one product with ``Q = I - V·T·Vᵀ`` (:func:`lrc.method.spectral.compact_wy`; ``U_r =
+  Q[:, :H]·diag(s)``): three plain matrix products, ``4·d_ff·H·r + 2·H²·r`` flops per map
+  instead of ``ormqr``'s sequence of reflections plus the ``U_r`` product; meant for GPUs,
+  where ``ormqr`` (fp32 only, no autocast) runs off the tensor cores. Costs T ``[H, H]`` and
+  V ``[d_ff, H]`` per matrix (at Llama-3.2-3B: 38 + 100 MB fp32, vs 268 MB for a
+  materialised ``[U_r U_perp]``; U_r and the reflectors, read only to make the step-0
+  weight, are dropped then: :meth:`SpectralCoordinates.keep_wy_form_only`, 11.6 GB instead of
+  28.5 GB per process at Llama-3.2-3B), and a float64 ``VᵀV`` when the arm is applied (2.8 s
+  per matrix on one CPU thread at Llama-3.2-3B widths, as the QR). Measured on one CPU
+  thread at those widths (d_ff 8192, H 3072, r 1536), per matrix and step (both maps):
+  2.15 s vs 3.36 s with ``ormqr``. Same math, other rounding: its 50-step trajectory
+  differs from the reference by ~1e-4 (relative), inside the reference's own sensitivity
+  to rounding (tests/test_coordinates.py), where ``"optimizer"`` reproduces the
+  reference's ``ormqr`` rounding (~2e-6). Not yet measured on a GPU.
+* ``"parametrized"``: the reference: ``[A; C]`` is the stored tensor of a parametrisation,
+  W rebuilt in every forward (and its transpose product in every backward).
+
+The Householder QR of each basis and randcomp's rotations are computed (float64) on the
+student's device when the arm is applied, also on every :func:`lrc.method.student.load_lrc_state`:
+on a GPU this is seconds; on one CPU thread at Llama-3.2-3B scale about 7 s per matrix
+for the QR (84 matrices), more for the 5120² rotations. Results agree across devices up to
+float rounding, not bitwise.
+* `confined` (:class:`ConfinedToTeacherSpace`): ``W = U_r U_rᵀ C``, ``C = W0``.
+
+In the full-reach arms (dense/core/randcomp, and confined, whose C is no longer a factor
+P_down either) the warm start's P_down is kept, frozen, as the persistent buffer
+``mlp.lrc_down_factor`` [r, H]: the map that builds the mlp-out clone target
+(METHOD.md §3). Trainable numbers per MLP matrix: H·r (slice), d_ff·r (all others).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from lrc.errors import LRCError
+from lrc.method.spectral import compact_wy, compute_bases
+from lrc.names import ARMS, COORDINATES_ATTR, MLP_KINDS
+from lrc.options import check_choice
+
+DOWN_FACTOR_BUFFER = "lrc_down_factor"
+# The arms built on the teacher bases (the full-reach arms: lrc.names.FULL_REACH_ARMS).
+BASIS_ARMS = ("core", "confined", "randcomp")
+# How `core`/`randcomp` apply their basis (see module doc): in the optimiser step (the
+# training model holds the deployed weight) or as a parametrisation (rebuilt every forward).
+# "optimizer-wy": the same, with Q applied in the compact-WY form (three matrix products,
+# lrc.method.spectral.compact_wy) instead of ormqr: for GPUs (see the module doc).
+CORE_IMPLS = ("optimizer", "optimizer-wy", "parametrized")
+COORDINATE_ARMS = ("core", "randcomp")
+
+
+class TeacherTensor:
+    """The teacher module's own tensor ``module.<name>``, read where it lives, never copied.
+
+    Not a buffer and not a submodule: the student's ``.to()``, ``state_dict``, DDP and FSDP
+    never see it, so the teacher's weights are held once per process, in the teacher's
+    dtype and on its device (a bf16 teacher on a GPU: bf16, which autocast then uses as it
+    is, with nothing cast or saved per forward). Read at every use, so it follows the
+    teacher wherever it is moved or cast (:func:`lrc.training.loop.place_teacher`). A deep copy of
+    the student shares it (the teacher is frozen: METHOD.md §1, lrc.io.hf).
+    """
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module: nn.Module, name: str = "weight"):
+        self.module, self.name = module, name
+
+    def get(self) -> torch.Tensor:
+        return getattr(self.module, self.name)
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _teacher_operand(handle: TeacherTensor, factor: torch.Tensor) -> torch.Tensor:
+    """The teacher tensor as the product with ``factor`` takes it: itself, or (a teacher in
+    another dtype outside autocast, e.g. a bf16 teacher and an fp32 student) cast per use."""
+    t = handle.get()
+    if t.device != factor.device:
+        raise LRCError(f"the LRC student reads its teacher's {handle.name} on {t.device}, its factors are on {factor.device}: "
+                       "place the teacher on the student's device")
+    if t.dtype != factor.dtype and not torch.is_autocast_enabled(factor.device.type):
+        return t.to(factor.dtype)
+    return t
+
+
+class _ReadsTeacher(nn.Module):
+    def __init__(self, teacher_module: nn.Module, name: str = "weight"):
+        super().__init__()
+        self.teacher_tensor = TeacherTensor(teacher_module, name)
+
+    @property
+    def frozen(self) -> torch.Tensor:
+        """The teacher tensor T (the teacher's own, see :class:`TeacherTensor`)."""
+        return self.teacher_tensor.get()
+
+
+class TeacherTimesFactor(_ReadsTeacher):
+    """``W = T · A`` with T the teacher's frozen weight (q/k/v projections)."""
+
+    def forward(self, factor: torch.Tensor) -> torch.Tensor:
+        return _teacher_operand(self.teacher_tensor, factor) @ factor
+
+
+class FactorTimesTeacher(_ReadsTeacher):
+    """``W = B · T`` with T the teacher's frozen weight (o and down projections)."""
+
+    def forward(self, factor: torch.Tensor) -> torch.Tensor:
+        return factor @ _teacher_operand(self.teacher_tensor, factor)
+
+
+class TeacherTimesFactorT(_ReadsTeacher):
+    """``W = T · Pᵀ`` with T the teacher's frozen weight (gate/up projections, embedding, head)."""
+
+    def forward(self, factor: torch.Tensor) -> torch.Tensor:
+        return _teacher_operand(self.teacher_tensor, factor) @ factor.T
+
+
+class SpectralCoordinates(nn.Module):
+    """``W = U_r·A + U_perp·(O·C)`` on the stored ``[A; C]`` ([d_ff, r]); `core`/`randcomp`.
+
+    ``U_perp`` is ``Q[:, H:]`` of the Householder reflectors ``(reflectors, tau)`` of U_r,
+    never materialised: applied with ``torch.ormqr``, or, given ``wy = (V, T)``
+    (:func:`lrc.method.spectral.compact_wy`), as ``Q = I - V·T·Vᵀ`` in three matrix products (the
+    optimiser-step path: tensor-core friendly). ``rotation`` (O) is None for `core`.
+    """
+
+    def __init__(self, basis, reflectors, tau, rotation=None, transpose=False, wy=None):
+        super().__init__()
+        self.register_buffer("basis", basis, persistent=False)
+        self.register_buffer("reflectors", reflectors, persistent=False)
+        self.register_buffer("tau", tau, persistent=False)
+        self.register_buffer("rotation", rotation, persistent=False)
+        self.register_buffer("wy_v", None if wy is None else wy[0], persistent=False)
+        self.register_buffer("wy_t", None if wy is None else wy[1], persistent=False)
+        # Q[:, :H] = U_r·diag(s), s the signs of R's diagonal (R = diag(±1): U_r is orthonormal).
+        signs = None if wy is None else torch.where(torch.diagonal(reflectors) < 0, -1.0, 1.0).to(basis.dtype)
+        self.register_buffer("wy_s", signs, persistent=False)
+        self.transpose = transpose
+        self.h = basis.shape[1]
+        self.released = False
+
+    def keep_wy_form_only(self) -> None:
+        """Drop U_r, the reflectors and tau once the step-0 weight is made (the wy form only):
+        :meth:`forward` and :meth:`coordinates` read V, T and the signs alone, so a training
+        process holds ``[d_ff, H] + [H, H]`` per matrix instead of three ``[d_ff, H]``. The
+        results are unchanged (nothing read is dropped); :meth:`right_inverse` is then refused."""
+        if self.wy_v is None:
+            raise LRCError("keep_wy_form_only: this map applies Q with ormqr (no compact-WY form)")
+        self.basis = self.reflectors = self.tau = None
+
+    def release(self) -> None:
+        """Drop every basis tensor: this process never applies the map (another one owns its
+        basis changes, :class:`lrc.training.optim.CoordinateAdamW`); it is then refused."""
+        self.basis = self.reflectors = self.tau = self.rotation = None
+        self.wy_v = self.wy_t = self.wy_s = None
+        self.released = True
+
+    def coordinates_shape(self, weight_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of ``[A; C]`` for a weight of ``weight_shape`` (the weight's, transposed for down)."""
+        return tuple(reversed(weight_shape)) if self.transpose else tuple(weight_shape)
+
+    def _check_held(self) -> None:
+        if getattr(self, "released", False):
+            raise LRCError("SpectralCoordinates: this map was released (another process owns its basis changes)")
+
+    def _complement(self, c: torch.Tensor) -> torch.Tensor:
+        """``U_perp · C`` = ``Q · [0; C]`` (ormqr)."""
+        h = self.h
+        padded = torch.cat([c.new_zeros(h, c.shape[1]), c], dim=0)
+        return torch.ormqr(self.reflectors, self.tau, padded)
+
+    def _q(self, x: torch.Tensor, transpose: bool) -> torch.Tensor:
+        """``Q·x`` or ``Qᵀ·x`` in the compact-WY form: three matrix products."""
+        t = self.wy_t.T if transpose else self.wy_t
+        return x - self.wy_v @ (t @ (self.wy_v.T @ x))
+
+    def forward(self, coords: torch.Tensor) -> torch.Tensor:
+        self._check_held()
+        h = self.h
+        a, c = coords[:h], coords[h:]
+        if self.rotation is not None:
+            c = self.rotation @ c
+        if self.wy_v is None:
+            w = self.basis @ a + self._complement(c)
+        else:  # U_r = Q[:, :H]·diag(s): the whole [U_r U_perp]·[A; C] is one product with Q
+            w = self._q(torch.cat([self.wy_s[:, None] * a, c], dim=0), transpose=False)
+        return w.T if self.transpose else w
+
+    @torch.no_grad()
+    def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
+        if self.basis is None:
+            raise LRCError("right_inverse: this coordinate map kept its compact-WY form only (keep_wy_form_only)")
+        w = weight.T if self.transpose else weight
+        a = self.basis.T @ w
+        c = torch.zeros(w.shape[0] - a.shape[0], w.shape[1], dtype=w.dtype, device=w.device)
+        return torch.cat([a, c], dim=0)
+
+    @torch.no_grad()
+    def coordinates(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The adjoint (= inverse) of :meth:`forward`: a weight-shaped tensor to ``[A; C]``.
+
+        For a gradient it is what autograd computes through :meth:`forward`
+        (``basisᵀ·g`` and, through ``ormqr``'s backward, ``Oᵀ·(Qᵀ·g)[H:]``), in one pass.
+        """
+        self._check_held()
+        g = tensor.T if self.transpose else tensor
+        h = self.h
+        if self.wy_v is None:
+            a = self.basis.T @ g
+            c = torch.ormqr(self.reflectors, self.tau, g, left=True, transpose=True)[h:]
+        else:
+            full = self._q(g, transpose=True)
+            a, c = self.wy_s[:, None] * full[:h], full[h:]
+        if self.rotation is not None:
+            c = self.rotation.T @ c
+        return torch.cat([a, c], dim=0)
+
+
+class ConfinedToTeacherSpace(nn.Module):
+    """``W = U_r U_rᵀ C`` on the stored C [d_ff, r] (`confined`)."""
+
+    def __init__(self, basis, transpose=False):
+        super().__init__()
+        self.register_buffer("basis", basis, persistent=False)
+        self.transpose = transpose
+
+    def forward(self, c: torch.Tensor) -> torch.Tensor:
+        w = self.basis @ (self.basis.T @ c)
+        return w.T if self.transpose else w
+
+    @torch.no_grad()
+    def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
+        return (weight.T if self.transpose else weight).clone()
+
+
+def random_rotation(size: int, seed: int, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """A Haar-random orthogonal ``[size, size]`` matrix: seeded CPU Gaussian, float64 QR on ``device``."""
+    g = torch.Generator().manual_seed(seed)
+    gauss = torch.randn(size, size, generator=g, dtype=torch.float64).to(device)
+    q, r = torch.linalg.qr(gauss)
+    return (q * torch.sign(torch.diagonal(r))).to(dtype)
+
+
+def arm_of(student) -> str:
+    info = getattr(student, "lrc_info", None)
+    if info is None:
+        raise LRCError("not an LRC student (built by lrc.method.student.build_student)")
+    return info["arm"]
+
+
+def down_clone_map(mlp) -> torch.Tensor:
+    """P_down [r, H]: the map from teacher to student width used by the mlp-out clone target.
+
+    The live factor in the `slice` arm (so it gets gradient from the target too), the
+    frozen warm-start copy in every other arm.
+    """
+    frozen = getattr(mlp, DOWN_FACTOR_BUFFER, None)
+    if frozen is not None:
+        return frozen
+    return mlp.down_proj.parametrizations.weight.original
+
+
+def _arm_module(arm, bases, layer, k, kind, w0, seed, wy=False):
+    """The parametrisation module of one MLP matrix for ``arm`` (confined/core/randcomp);
+    ``wy``: core/randcomp apply Q in the compact-WY form (the optimiser-step path)."""
+    device = w0.device
+    basis = bases.basis(layer, kind).to(device, w0.dtype)
+    transpose = kind == "down"
+    if arm == "confined":
+        return ConfinedToTeacherSpace(basis, transpose=transpose)
+    refl, tau = bases.complement(layer, kind, device)
+    rotation = None
+    if arm == "randcomp":
+        size = basis.shape[0] - basis.shape[1]
+        rotation = random_rotation(size, seed * 1000 + 3 * layer + k, w0.dtype, device)
+    refl, tau = refl.to(w0.dtype), tau.to(w0.dtype)
+    return SpectralCoordinates(basis, refl, tau, rotation, transpose, wy=compact_wy(refl, tau) if wy else None)
+
+
+def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_impl: str = "optimizer") -> None:
+    """Re-parameterise the MLP matrices of a `slice` student as ``arm``, in place.
+
+    The deployed weights (hence the function) are those of the warm start, up to float
+    rounding in the basis products. ``bases`` (:class:`lrc.method.spectral.TeacherBases`) is
+    needed for core/confined/randcomp and is computed from the teacher when omitted.
+    ``seed`` chooses randcomp's random complement basis (layer l, matrix k uses
+    ``seed * 1000 + 3 * l + k``).
+
+    ``core_impl`` (core/randcomp only): ``"parametrized"`` registers
+    :class:`SpectralCoordinates` as the weight's parametrisation (trainable ``[A; C]``,
+    W rebuilt in every forward); ``"optimizer"`` (default) keeps W = SpectralCoordinates([A; 0])
+    as a plain trainable weight and attaches the module as its coordinate map
+    (:data:`lrc.names.COORDINATES_ATTR`), so :class:`lrc.training.optim.CoordinateAdamW` runs AdamW
+    in ``[A; C]`` once per step: the same trajectory, at dense forward cost.
+    """
+    check_choice("arm", arm, ARMS)
+    check_choice("core_impl", core_impl, CORE_IMPLS)
+    current = arm_of(student)
+    if current != "slice":
+        raise LRCError(f"apply_arm needs a slice student, this one is already arm {current!r}")
+    if arm == "slice":
+        return
+    if arm in BASIS_ARMS:
+        if bases is None:
+            bases = compute_bases(teacher)
+        bases.check_matches(teacher)
+    in_optimizer = arm in COORDINATE_ARMS and core_impl.startswith("optimizer")
+    for i, layer in enumerate(student.model.layers):
+        mlp = layer.mlp
+        p_down = mlp.down_proj.parametrizations.weight.original.detach().clone()
+        for k, kind in enumerate(MLP_KINDS):
+            proj = getattr(mlp, f"{kind}_proj")
+            w0 = proj.weight.detach().clone()
+            parametrize.remove_parametrizations(proj, "weight", leave_parametrized=False)
+            if arm == "dense":
+                proj.weight = nn.Parameter(w0, requires_grad=True)
+                continue
+            module = _arm_module(arm, bases, i, k, kind, w0, seed, wy=in_optimizer and core_impl == "optimizer-wy")
+            if in_optimizer:
+                with torch.no_grad():  # exactly the parametrised arm's step-0 weight
+                    w = module(module.right_inverse(w0)).contiguous()
+                if module.wy_v is not None:
+                    module.keep_wy_form_only()  # U_r and the reflectors are not read again
+                proj.weight = nn.Parameter(w, requires_grad=True)
+                setattr(proj, COORDINATES_ATTR, module)  # a submodule: moves with .to(), never saved
+                continue
+            proj.weight = nn.Parameter(w0, requires_grad=True)
+            parametrize.register_parametrization(proj, "weight", module, unsafe=True)
+        mlp.register_buffer(DOWN_FACTOR_BUFFER, p_down.requires_grad_(False), persistent=True)
+    student.lrc_info["arm"] = arm
+    student.lrc_info["arm_seed"] = seed
+    if arm in COORDINATE_ARMS:
+        student.lrc_info["core_impl"] = core_impl
