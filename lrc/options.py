@@ -5,6 +5,11 @@ Every command describes its options as a dataclass; :func:`parse_args` turns
 is the one check of a value against its allowed choices. This module is the bottom layer of
 the package (it imports nothing from it but the error type), so the method, the loop and
 the commands can all use it without importing the command line.
+
+It also guards output directories: a field declared with ``metadata={"output": "dir"}`` (a
+directory the command replaces whole, through :func:`lrc.io.atomic.atomic_dir`) or
+``{"output": "file"}`` is checked here, before the command does any work, by
+:func:`check_replaceable` (see "Outputs" below).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextvars
 import dataclasses
+import os
 import types
 import typing
 from pathlib import Path
@@ -53,6 +59,8 @@ def parse_args(cls: type[T], argv: Sequence[str] | None = None, prog: str | None
     missing = [n for n, f in fields.items() if n not in values and _is_required(f)]
     if missing:
         parser.error("missing required option(s): " + ", ".join("--" + m.replace("_", "-") for m in missing))
+    check_outputs(fields, values, command=prog, extra_inputs={"--config": config_file})
+    _COMMAND.set(prog)
     try:
         return cls(**values)
     except (TypeError, ValueError) as err:
@@ -77,7 +85,8 @@ def _add_option(parser: argparse.ArgumentParser, name: str, tp: Any, f: dataclas
     help_text = f.metadata.get("help", "")
     if f.metadata.get("positional"):
         # A positional argument may still be given as a flag (handy in YAML and rules).
-        parser.add_argument(name + "_positional", metavar=name.upper(), nargs="?", type=_unwrap_optional(tp), help=help_text)
+        parser.add_argument(name + "_positional", metavar=name.upper(), nargs="?", type=_unwrap_optional(tp),
+                            help=help_text)
     if not _is_required(f):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_text += f" (default: {default})"
@@ -133,7 +142,8 @@ def convert_value(value: Any, tp: Any, where: str) -> Any:
     if origin in (list, tuple):
         (item,) = typing.get_args(tp)[:1] or (Any,)
         items = value if isinstance(value, (list, tuple)) else [value]
-        return [convert_value(v, item, f"{where}[{i}]" if isinstance(value, (list, tuple)) else where) for i, v in enumerate(items)]
+        listed = isinstance(value, (list, tuple))
+        return [convert_value(v, item, f"{where}[{i}]" if listed else where) for i, v in enumerate(items)]
     if isinstance(value, (list, tuple, dict)):
         raise LRCError(f"{where}: expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
@@ -222,3 +232,157 @@ def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
     """Raise an LRCError naming ``name`` when ``value`` is not one of ``choices``."""
     if value not in choices:
         raise LRCError(f"unknown {name} {value!r}; choose one of: {', '.join(map(str, choices))}")
+
+
+# ---------------------------------------------------------------------------------------
+# Outputs: a command replaces only a directory that lrc wrote
+
+OUTPUT_MARKER = ".lrc-output"
+"""The file :func:`lrc.io.atomic.atomic_dir` writes into every directory it creates; its first line
+names the command. A directory holding it may be replaced by a new output; no other non-empty
+directory is ever replaced. Hidden and extension-less, it is ignored by whatever reads an output
+(Hugging Face loaders, token and task directories, ``*.yaml`` globs)."""
+
+_COMMAND: contextvars.ContextVar[str | None] = contextvars.ContextVar("lrc_command", default=None)
+
+
+def current_command() -> str | None:
+    """The command (``"lrc merge"``) whose options :func:`parse_args` read last, or None."""
+    return _COMMAND.get()
+
+
+def marker_text(command: str | None) -> str:
+    name = command or "lrc"
+    return (f"{name}\nThis directory is an output of `{name}`. lrc replaces it on a rerun only while this file "
+            "is in it, and refuses to replace a directory without it.\n")
+
+
+def output_owner(path: str | os.PathLike) -> str | None:
+    """The command named by the marker in directory ``path`` ("lrc" if it names none), or None: no marker."""
+    try:
+        return (Path(path) / OUTPUT_MARKER).read_text().partition("\n")[0].strip() or "lrc"
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def check_replaceable(path: str | os.PathLike, *, what: str = "output directory", command: str | None = None,
+                      inputs: Sequence[tuple[str, Path]] = ()) -> None:
+    """Raise an LRCError, naming ``what`` and ``path`` and saying why, unless a new output directory
+    may replace ``path``: absent, an empty directory, or a directory holding lrc's marker (written
+    by ``command`` when the marker and ``command`` both name one). Never the working directory, the
+    git checkout lrc runs from, or a directory holding either; nor one holding (or being) an input
+    of ``inputs`` (pairs of option and path), which the replacement would delete."""
+    path = Path(path)
+    absolute = Path(os.path.abspath(path))
+    shown = f"{what} {path}" + ("" if str(path) == str(absolute) else f" ({absolute})")
+
+    def refuse(why: str) -> LRCError:
+        return LRCError(f"{shown}: refusing to replace this directory: {why}")
+
+    place = _forbidden_place(path)
+    if place is not None:
+        raise refuse(place)
+    for option, other in inputs:
+        if _within(other, path):
+            raise refuse(f"it holds {option} {other}, which the new output would delete")
+    if not os.path.lexists(path):
+        return
+    if not path.is_dir():
+        raise refuse("it is not a directory")
+    try:
+        empty = next(path.iterdir(), None) is None
+    except OSError as err:
+        raise refuse(f"it cannot be read ({err})") from err
+    if empty:
+        return
+    owner = output_owner(path)
+    if owner is None:
+        raise refuse(f"it holds files that lrc did not write (it has no {OUTPUT_MARKER} marker), which the new "
+                     f"output would delete. An output directory written by an earlier version of lrc has no marker "
+                     f"either: if that is what it is, remove it yourself (rm -r {path}) and run again; otherwise "
+                     f"choose another {what}.")
+    if command and owner not in ("lrc", command):
+        raise refuse(f"it is an output of `{owner}`, not of `{command}`. Remove it yourself (rm -r {path}) "
+                     f"if it is to go, or choose another {what}.")
+
+
+def check_outputs(fields: dict[str, dataclasses.Field], values: dict[str, Any], *, command: str | None = None,
+                  extra_inputs: dict[str, Any] | None = None) -> None:
+    """Check a command's outputs before it runs (:func:`parse_args` calls it). A field with
+    ``metadata={"output": "dir"}`` names a directory the command replaces whole, checked by
+    :func:`check_replaceable` against every other path of the options (and ``extra_inputs``,
+    option -> path); with ``"parts": (names...)`` as well, the command replaces those
+    subdirectories of it instead. ``{"output": "file"}``: a file written whole, which must not be a
+    directory. ``values``: the options given (missing ones take their defaults)."""
+    given = {"--" + n.replace("_", "-"): values[n] if n in values else _default(f) for n, f in fields.items()}
+    paths = {option: _path_values(v) for option, v in (given | (extra_inputs or {})).items()}
+    for name, f in fields.items():
+        kind, option = f.metadata.get("output"), "--" + name.replace("_", "-")
+        if kind not in (None, "dir", "file"):
+            raise TypeError(f"{name}: output kind {kind!r} is neither 'dir' nor 'file'")
+        for i, path in enumerate(paths[option] if kind else []):
+            if kind == "file":
+                if path.is_dir():
+                    raise LRCError(f"{option} {path}: is a directory; {option} names a file to write")
+                continue
+            others = [(o, p) for o, ps in paths.items() for j, p in enumerate(ps) if (o, j) != (option, i)]
+            parts = f.metadata.get("parts", ())
+            if parts:
+                place = _forbidden_place(path)
+                if place is not None or (os.path.lexists(path) and not path.is_dir()):
+                    raise LRCError(f"{option} {path}: refusing to write into it: {place or 'it is not a directory'}")
+            for target in [path / part for part in parts] or [path]:
+                check_replaceable(target, what=option, command=command, inputs=others)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+
+
+def _path_values(value: Any) -> list[Path]:
+    """The paths an option's value names: a Path, a text naming an existing file or directory, or a list of them."""
+    if isinstance(value, (list, tuple)):
+        return [p for v in value for p in _path_values(v)]
+    if isinstance(value, Path):
+        return [value]
+    if isinstance(value, str) and value and os.path.lexists(value):
+        return [Path(value)]
+    return []
+
+
+def _forms(path: Path) -> set[Path]:
+    """``path`` made absolute as written (``a/link/..`` is ``a``) and with its links resolved."""
+    forms = {Path(os.path.abspath(path))}
+    try:
+        forms.add(path.resolve())
+    except (OSError, RuntimeError):  # a link loop: the written form alone
+        pass
+    return forms
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    return any(i.is_relative_to(o) for i in _forms(inner) for o in _forms(outer))
+
+
+def _checkout() -> Path | None:
+    """The git checkout this package runs from (the directory holding ``lrc/``), if it is one."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / ".git").exists() else None
+
+
+def _forbidden_place(path: Path) -> str | None:
+    """Why ``path`` may never be replaced by an output (the working directory, the checkout, or
+    a directory holding either), or None."""
+    places = [(Path.cwd(), "the current working directory")]
+    checkout = _checkout()
+    if checkout is not None:
+        places.append((checkout, f"the git checkout lrc runs from ({checkout})"))
+    for place, name in places:
+        for form in _forms(path):
+            if any(form == p for p in _forms(place)):
+                return f"it is {name}"
+            if any(p.is_relative_to(form) for p in _forms(place)):
+                return f"it holds {name}"
+    return None
