@@ -17,7 +17,8 @@ from lrc.errors import LRCError
 COMMANDS: dict[str, tuple[str, str]] = {
     "world": ("lrc.commands.world", "generate the built-in tiny world (corpus, tokenizer, tasks, teacher config)"),
     "download": ("lrc.commands.download", "download a teacher from the Hugging Face hub (pinned revision)"),
-    "import-teacher": ("lrc.commands.import_teacher", "import a local teacher (HF directory or GGUF file, dequantised) offline"),
+    "import-teacher": ("lrc.commands.import_teacher",
+                       "import a local teacher (HF directory or GGUF file, dequantised) offline"),
     "tokenize": ("lrc.commands.tokenize", "tokenise a corpus or chat set into a memory-mapped token file"),
     "pretrain": ("lrc.commands.pretrain", "pretrain a plain model from a config (the tiny-world teacher)"),
     "svd": ("lrc.commands.svd", "compute the teacher's MLP singular bases once"),
@@ -26,14 +27,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "merge": ("lrc.commands.merge", "materialise a trained student into a plain HF checkpoint, verified"),
     "sft": ("lrc.commands.sft", "supervised fine-tuning of a merged checkpoint on chat data"),
     "tasks": ("lrc.commands.tasks", "multiple-choice lm-eval tasks from held-out documents (offline)"),
-    "evaluate": ("lrc.commands.evaluate", "lm-eval suite (or none) plus held-out perplexity, KL to teacher, answer log-prob"),
+    "evaluate": ("lrc.commands.evaluate",
+                 "lm-eval suite (or none) plus held-out perplexity, KL to teacher, answer log-prob"),
     "audit": ("lrc.commands.audit", "reachability audit: reachable dimensions per weight, occupancy, knockout"),
     "recover": ("lrc.commands.recover", "recover LRC factors from a merged LRC student (least squares)"),
     "aggregate": ("lrc.commands.aggregate", "build the results tables from evaluation JSONs"),
     "figure": ("lrc.commands.figure", "draw the token-efficiency figure"),
-    "claims": ("lrc.commands.claims", "one claim of the paper in miniature (CIs over seeds, paired tests), or their summary"),
+    "claims": ("lrc.commands.claims",
+               "one claim of the paper in miniature (CIs over seeds, paired tests), or their summary"),
     "bench": ("lrc.commands.bench", "median step time and peak memory per arm vs plain KD"),
-    "plan": ("lrc.commands.plan", "predicted peak memory per GPU of each arm (a traced step) and the largest micro-batch that fits"),
+    "plan": ("lrc.commands.plan",
+             "predicted peak memory per GPU of each arm (a traced step) and the largest micro-batch that fits"),
 }
 
 

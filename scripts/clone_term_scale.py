@@ -44,7 +44,8 @@ def main() -> None:
     sums, totals = defaultdict(float), defaultdict(float)
     hid_ms, hid_max = defaultdict(float), defaultdict(float)
     for b in range(a.batches):
-        ids = torch.stack([torch.as_tensor(data[b * a.micro_batch + j]["input_ids"]).long() for j in range(a.micro_batch)])
+        ids = torch.stack([torch.as_tensor(data[b * a.micro_batch + j]["input_ids"]).long()
+                           for j in range(a.micro_batch)])
         with torch.no_grad():
             total, terms = obj.loss({"input_ids": ids})
             hs = teacher(input_ids=ids, output_hidden_states=True).hidden_states

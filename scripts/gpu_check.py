@@ -36,9 +36,10 @@ from pathlib import Path
 
 ARMS = ["slice", "dense", "core", "confined", "randcomp"]
 # Llama-3.2-3B (meta-llama/Llama-3.2-3B config.json) and the paper's student width r = 1536.
-LLAMA_3B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 3072, "intermediate_size": 8192,
-            "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "rms_norm_eps": 1e-5,
-            "rope_theta": 500000.0, "max_position_embeddings": 4096, "tie_word_embeddings": True, "hidden_act": "silu"}
+LLAMA_3B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 3072,
+            "intermediate_size": 8192, "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128,
+            "vocab_size": 128256, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 4096,
+            "tie_word_embeddings": True, "hidden_act": "silu"}
 TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 192,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "rms_norm_eps": 1e-5,
         "max_position_embeddings": 256, "tie_word_embeddings": True, "hidden_act": "silu"}
@@ -88,8 +89,8 @@ class Check:
         log = self.out / f"{name}.log"
         limit = max(10.0 if estimate else 120.0, timeout or self.left())  # (estimate 0: a stage every check needs)
         with open(log, "w") as fh:  # own session: a stage over the budget is killed with its workers
-            proc = subprocess.Popen([sys.executable, "-m", "lrc.cli", *argv], stdout=fh, stderr=subprocess.STDOUT, env=self.env,
-                                    start_new_session=True)
+            proc = subprocess.Popen([sys.executable, "-m", "lrc.cli", *argv], stdout=fh, stderr=subprocess.STDOUT,
+                                    env=self.env, start_new_session=True)
             try:
                 proc.wait(limit)
             except subprocess.TimeoutExpired:
@@ -101,8 +102,10 @@ class Check:
         wall = time.monotonic() - t
         self.durations[name] = wall
         if proc.returncode != 0:
-            self.rows.append({"stage": name, "status": f"failed (exit {proc.returncode}, see {log.name})", "wall_s": round(wall, 1)})
-            print(f"[gpu-check] {name} FAILED; last lines of {log}:\n" + "\n".join(log.read_text().splitlines()[-15:]), flush=True)
+            self.rows.append({"stage": name, "status": f"failed (exit {proc.returncode}, see {log.name})",
+                              "wall_s": round(wall, 1)})
+            print(f"[gpu-check] {name} FAILED; last lines of {log}:\n" + "\n".join(log.read_text().splitlines()[-15:]),
+                  flush=True)
             return None
         return wall
 
@@ -119,11 +122,11 @@ def bench_rows(check: Check, cfg: dict, cfg_path: Path, layers: int, arms: list[
     (else each basis arm's process computes the SVDs on the CPU, minutes at these widths)."""
     a = check.args
     csv_path = check.out / f"bench-{tag}.csv"
-    wall = check.lrc(f"bench-{tag}", "bench", "--teacher", str(cfg_path), "--student-hidden", str(a.student_hidden), "--out", str(csv_path),
-                     *(["--bases", str(bases)] if bases else []),
-                     "--arms", *arms, "--batch-size", str(a.batch_size), "--micro-batches", str(a.micro_batches), "--seq-len", str(a.seq_len),
-                     "--steps", str(a.steps), "--warmup-steps", str(a.warmup_steps), "--repeats", "1", "--threads", str(a.threads), "--precision", a.precision,
-                     estimate=estimate)
+    wall = check.lrc(f"bench-{tag}", "bench", "--teacher", str(cfg_path), "--student-hidden", str(a.student_hidden),
+                     "--out", str(csv_path), *(["--bases", str(bases)] if bases else []),
+                     "--arms", *arms, "--batch-size", str(a.batch_size), "--micro-batches", str(a.micro_batches),
+                     "--seq-len", str(a.seq_len), "--steps", str(a.steps), "--warmup-steps", str(a.warmup_steps),
+                     "--repeats", "1", "--threads", str(a.threads), "--precision", a.precision, estimate=estimate)
     if wall is None:
         return
     planned = plan_peaks(check, cfg_path, cfg, [arm for arm in arms if arm != "kd"], tag, required=layers == 2)
@@ -131,11 +134,13 @@ def bench_rows(check: Check, cfg: dict, cfg_path: Path, layers: int, arms: list[
     peak = peak_flops(a.device)
     with open(csv_path) as fh:
         for r in csv.DictReader(fh):
-            if any(row.get("stage") == "bench" and row.get("layers") == layers and row.get("arm") == r["arm"] for row in check.rows):
+            if any(row.get("stage") == "bench" and row.get("layers") == layers and row.get("arm") == r["arm"]
+                   for row in check.rows):
                 continue  # kd again in a second call
             tps, measured, plan = float(r["tokens_per_s"]), float(r["step_memory_mib"]), planned.get(r["arm"])
-            check.rows.append({"stage": "bench", "status": "ok", "layers": layers, "arm": r["arm"], "step_time_ms": float(r["step_time_ms"]),
-                               "optimizer_ms": float(r["optimizer_ms"]), "tokens_per_s": round(tps, 1), "peak_memory_mib": float(r["peak_memory_mib"]),
+            check.rows.append({"stage": "bench", "status": "ok", "layers": layers, "arm": r["arm"],
+                               "step_time_ms": float(r["step_time_ms"]), "optimizer_ms": float(r["optimizer_ms"]),
+                               "tokens_per_s": round(tps, 1), "peak_memory_mib": float(r["peak_memory_mib"]),
                                "step_memory_mib": measured, "planned_peak_mib": round(plan, 1) if plan else None,
                                "peak_vs_plan": round(measured / plan, 3) if plan else None,
                                "mfu": round(flops_per_token * tps / peak, 4) if peak else None,
@@ -152,9 +157,11 @@ def plan_peaks(check: Check, cfg_path: Path, cfg: dict, arms: list[str], tag: st
     # layers / 4 from it (on one CPU core at these widths: 2 layers 22 s for 5 arms, 28 layers 62 s for 2).
     per_arm_2l = check.durations.get("plan-2l", 20.0) / len(a.arms)
     estimate = 0.0 if required else per_arm_2l * len(arms) * cfg["num_hidden_layers"] / 4
-    wall = check.lrc(f"plan-{tag}", "plan", "--teacher-config", str(cfg_path), "--student-hidden", str(a.student_hidden), "--arms", *arms,
-                     "--micro-batch-size", str(a.batch_size), "--micro-batches", str(a.micro_batches), "--seq-len", str(a.seq_len),
-                     "--precision", a.precision, "--gpus", "1", "--no-search", "--out", str(out), estimate=estimate)
+    wall = check.lrc(f"plan-{tag}", "plan", "--teacher-config", str(cfg_path),
+                     "--student-hidden", str(a.student_hidden), "--arms", *arms,
+                     "--micro-batch-size", str(a.batch_size), "--micro-batches", str(a.micro_batches),
+                     "--seq-len", str(a.seq_len), "--precision", a.precision, "--gpus", "1", "--no-search",
+                     "--out", str(out), estimate=estimate)
     if wall is None:
         return {}
     return {r["arm"]: r["peak"] / 2**20 for r in json.loads(out.read_text())["rows"]}
@@ -187,26 +194,33 @@ def round_trip(check: Check, cfg: dict, bases: Path) -> None:
     """The saved teacher -> warm start (0 tokens) -> core, 2 steps -> merge (verified)."""
     a, work = check.args, check.work
     teacher, data = work / "teacher", work / "data"
-    common = ["--teacher", str(teacher), "--data", str(data), "--batch-size", str(a.batch_size), "--micro-batch-size", str(a.batch_size),
-              "--threads", str(a.threads), "--no-progress", "--precision", a.precision]
-    ok = check.lrc("warmstart", "warmstart", *common, "--student-hidden", str(a.student_hidden), "--tokens", "0", "--out", str(work / "ws"))
-    ok = ok is not None and check.lrc("distill-core", "distill", *common, "--warmstart", str(work / "ws"), "--bases", str(bases),
-                                      "--arm", "core", "--tokens", str(2 * a.batch_size * a.seq_len), "--out", str(work / "core")) is not None
+    common = ["--teacher", str(teacher), "--data", str(data), "--batch-size", str(a.batch_size),
+              "--micro-batch-size", str(a.batch_size), "--threads", str(a.threads), "--no-progress",
+              "--precision", a.precision]
+    ok = check.lrc("warmstart", "warmstart", *common, "--student-hidden", str(a.student_hidden), "--tokens", "0",
+                   "--out", str(work / "ws"))
+    ok = ok is not None and check.lrc("distill-core", "distill", *common, "--warmstart", str(work / "ws"),
+                                      "--bases", str(bases), "--arm", "core",
+                                      "--tokens", str(2 * a.batch_size * a.seq_len),
+                                      "--out", str(work / "core")) is not None
     if not ok:
         return
     wall = check.lrc("merge", "merge", "--state", str(work / "core"), "--teacher", str(teacher), "--bases", str(bases),
-                     "--data", str(data / "train"), "--out", str(work / "merged"), "--check-len", str(min(128, a.seq_len)))
+                     "--data", str(data / "train"), "--out", str(work / "merged"),
+                     "--check-len", str(min(128, a.seq_len)))
     if wall is not None:
         m = json.loads((work / "merged" / "merge_check.json").read_text())
-        check.rows.append({"stage": "merge", "status": "ok" if m["passed"] else "FAILED", "layers": cfg["num_hidden_layers"],
-                           "max_abs_diff": m["max_abs_diff"], "wall_s": round(wall, 1)})
+        check.rows.append({"stage": "merge", "status": "ok" if m["passed"] else "FAILED",
+                           "layers": cfg["num_hidden_layers"], "max_abs_diff": m["max_abs_diff"],
+                           "wall_s": round(wall, 1)})
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cuda", "cpu"], required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--work", help="scratch directory: the saved teacher, bases, states (GBs on a GPU; default OUT/work)")
+    p.add_argument("--work",
+                   help="scratch directory: the saved teacher, bases, states (GBs on a GPU; default OUT/work)")
     p.add_argument("--budget-s", type=float, default=420.0)
     p.add_argument("--arms", nargs="+", default=ARMS, choices=ARMS, help="arms to time (kd always)")
     args = p.parse_args()
@@ -242,7 +256,8 @@ def main() -> int:
     basis = [a for a in args.arms if a not in cheap]
     for part, arms in (("a", cheap), ("b", basis)):
         if arms:
-            bench_rows(check, cfgf, check.out / f"teacher-{full_layers}l.json", full_layers, arms, f"{full_layers}l-{part}",
+            bench_rows(check, cfgf, check.out / f"teacher-{full_layers}l.json", full_layers, arms,
+                       f"{full_layers}l-{part}",
                        (len(arms) + 1) * per_arm_2l * scale * (4 if part == "b" and gpu else 1))
     write_report(check)
     failed = [r for r in check.rows if r.get("status", "").startswith(("failed", "FAILED"))]
@@ -260,8 +275,9 @@ def add_ratios_to_dense(rows: list[dict]) -> None:
 def write_csv(check: Check) -> Path:
     """OUT/gpu-check.csv of the rows so far (written before every stage too: a killed check keeps them)."""
     add_ratios_to_dense(check.rows)
-    fields = ["stage", "status", "layers", "arm", "step_time_ms", "optimizer_ms", "tokens_per_s", "peak_memory_mib", "step_memory_mib",
-              "planned_peak_mib", "peak_vs_plan", "mfu", "time_ratio_to_kd", "time_ratio_to_dense", "max_abs_diff", "wall_s"]
+    fields = ["stage", "status", "layers", "arm", "step_time_ms", "optimizer_ms", "tokens_per_s", "peak_memory_mib",
+              "step_memory_mib", "planned_peak_mib", "peak_vs_plan", "mfu", "time_ratio_to_kd", "time_ratio_to_dense",
+              "max_abs_diff", "wall_s"]
     path = check.out / "gpu-check.csv"
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields)
@@ -273,13 +289,16 @@ def write_csv(check: Check) -> Path:
 
 def write_report(check: Check) -> None:
     path = write_csv(check)
-    print(f"\n{'stage':<10}{'layers':>7} {'arm':<9}{'step ms':>10}{'opt ms':>9}{'tok/s':>10}{'peak MiB':>10}{'plan MiB':>10}{'x plan':>7}"
+    print(f"\n{'stage':<10}{'layers':>7} "
+          f"{'arm':<9}{'step ms':>10}{'opt ms':>9}{'tok/s':>10}{'peak MiB':>10}{'plan MiB':>10}{'x plan':>7}"
           f"{'MFU':>7}{'x kd':>6}{'x dense':>8}  status")
     for r in check.rows:
         num = lambda k, f: format(r[k], f) if r.get(k) is not None else "-"  # noqa: E731
-        print(f"{r['stage']:<10}{num('layers', 'd'):>7} {r.get('arm') or '-':<9}{num('step_time_ms', '.1f'):>10}{num('optimizer_ms', '.1f'):>9}"
+        print(f"{r['stage']:<10}{num('layers', 'd'):>7} "
+              f"{r.get('arm') or '-':<9}{num('step_time_ms', '.1f'):>10}{num('optimizer_ms', '.1f'):>9}"
               f"{num('tokens_per_s', '.0f'):>10}"
-              f"{num('peak_memory_mib', '.0f'):>10}{num('planned_peak_mib', '.0f'):>10}{num('peak_vs_plan', '.2f'):>7}{num('mfu', '.3f'):>7}"
+              f"{num('peak_memory_mib', '.0f'):>10}{num('planned_peak_mib', '.0f'):>10}{num('peak_vs_plan', '.2f'):>7}"
+              f"{num('mfu', '.3f'):>7}"
               f"{num('time_ratio_to_kd', '.2f'):>6}{num('time_ratio_to_dense', '.3f'):>8}  {r.get('status')}"
               + (f" (max |diff| {r['max_abs_diff']:.2e})" if r.get("max_abs_diff") is not None else ""))
     print(f"wrote {path} ({time.monotonic() - check.t0:.0f} s)")

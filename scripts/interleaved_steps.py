@@ -63,14 +63,17 @@ def prepare(arm: str, a, bases, steps: int):
     teacher = load_bench_teacher(a.teacher, seed=0)
     name, _, impl = arm.partition(":")  # core:optimizer-wy, as in lrc bench
     student = build_student(teacher, a.student_hidden, seed=0)
-    apply_arm(student, teacher, name, bases=bases if name in BASIS_ARMS else None, seed=0, core_impl=impl or "optimizer")
+    apply_arm(student, teacher, name, bases=bases if name in BASIS_ARMS else None, seed=0,
+              core_impl=impl or "optimizer")
     objective = CloneObjective(teacher, student, RecipeArgs())
     per_step = a.batch_size * a.micro_batches
-    targs = TrainArgs(batch_size=per_step, micro_batch_size=a.batch_size, precision="fp32", lr=1e-4, warmup=0.0, progress=False)
+    targs = TrainArgs(batch_size=per_step, micro_batch_size=a.batch_size, precision="fp32", lr=1e-4, warmup=0.0,
+                      progress=False)
     student.train()
     optimizer, scheduler = optimizer_and_schedule(student, targs, steps)
-    run = Run(args=targs, accelerator=_TraceAccelerator("fp32"), wrapped=student, bare=student, optimizer=optimizer, scheduler=scheduler,
-              fsdp=False, mixed="no", steps=steps, accum=a.micro_batches, seq_len=a.seq_len, n_rows=0, ckpt_dir=Path("."), fingerprint={})
+    run = Run(args=targs, accelerator=_TraceAccelerator("fp32"), wrapped=student, bare=student, optimizer=optimizer,
+              scheduler=scheduler, fsdp=False, mixed="no", steps=steps, accum=a.micro_batches, seq_len=a.seq_len,
+              n_rows=0, ckpt_dir=Path("."), fingerprint={})
     data = RandomRows(per_step * steps, a.seq_len, teacher.config.vocab_size, seed=0)
     batches = itertools.cycle(torch.utils.data.DataLoader(data, batch_size=a.batch_size))  # the same rows for every arm
     return run, objective, batches, [p for p in student.parameters() if p.requires_grad]
@@ -96,7 +99,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="measured rounds (one unmeasured round first)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--forward-backward-only", action="store_true",
-                    help="no optimiser step: rounds of forwards and backwards only (finer pairing; the optimiser step is then 0)")
+                    help="no optimiser step: rounds of forwards and backwards only (finer pairing; the optimiser step "
+                         "is then 0)")
     ap.add_argument("--project", type=int, nargs="*", default=[], help="micro-batches per step to project the ratio to")
     ap.add_argument("--out", type=Path, help="CSV of every measured step")
     a = ap.parse_args()
@@ -119,8 +123,10 @@ def main() -> None:
                 train_step(run, objective, batches, trainable, time_optimizer=timer)
             step = time.process_time() - start
             if rnd > 0:
-                rows.append({"round": rnd, "arm": arm, "step_cpu_s": step, "optimizer_cpu_s": timer.seconds, "fb_cpu_s": step - timer.seconds})
-            print(f"round {rnd} {arm}: step {step:.2f} s, optimiser step {timer.seconds:.2f} s" + (" (unmeasured)" if rnd == 0 else ""), flush=True)
+                rows.append({"round": rnd, "arm": arm, "step_cpu_s": step, "optimizer_cpu_s": timer.seconds,
+                             "fb_cpu_s": step - timer.seconds})
+            print(f"round {rnd} {arm}: step {step:.2f} s, optimiser step {timer.seconds:.2f} s"
+                  + (" (unmeasured)" if rnd == 0 else ""), flush=True)
     first = a.arms[0]
     by = {(r["round"], r["arm"]): r for r in rows}
     med = lambda arm, key: statistics.median(r[key] for r in rows if r["arm"] == arm)  # noqa: E731
@@ -132,8 +138,10 @@ def main() -> None:
     def at(n: int):
         return lambda r: n * r["fb_cpu_s"] / a.micro_batches + r["optimizer_cpu_s"]  # a step of n such micro-batches
 
-    print(f"\n{a.rounds} rounds of {a.micro_batches} x {a.batch_size} x {a.seq_len} tokens; CPU seconds, medians; ratios to {first} paired by round")
-    print(f"{'arm':<20}{'step':>9}{'fb':>9}{'opt':>9}{'step/' + first:>16}{'fb/' + first:>14}" + "".join(f"{'x' + str(n) + ' mb':>10}" for n in a.project))
+    print(f"\n{a.rounds} rounds of {a.micro_batches} x {a.batch_size} x {a.seq_len} tokens; CPU seconds, medians; "
+          f"ratios to {first} paired by round")
+    print(f"{'arm':<20}{'step':>9}{'fb':>9}{'opt':>9}{'step/' + first:>16}{'fb/' + first:>14}"
+          + "".join(f"{'x' + str(n) + ' mb':>10}" for n in a.project))
     for arm in a.arms:
         print(f"{arm:<20}{med(arm, 'step_cpu_s'):9.2f}{med(arm, 'fb_cpu_s'):9.2f}{med(arm, 'optimizer_cpu_s'):9.2f}"
               f"{paired(arm, lambda r: r['step_cpu_s']):16.4f}{paired(arm, lambda r: r['fb_cpu_s']):14.4f}"

@@ -6,9 +6,10 @@ For `dense` and `core` (``--core-impl optimizer`` and ``optimizer-wy``) on the s
 ``--teacher`` (as `lrc bench` takes it: a config JSON is a seeded random teacher), gradients
 set at random: the median CPU seconds of ``CoordinateAdamW.step()`` (after a first step,
 which also makes the coordinates from W), and one gradient map and one map back of one MLP
-matrix, each timed warm (an untimed first map makes the map back's input). The basis change is a fixed cost per optimiser step, whatever
-the tokens per step, so with a dense step of ``t`` seconds at a given batch
-``core/dense ~ 1 + (core step - dense step) / t`` (the README's CORE section).
+matrix, each timed warm (an untimed first map makes the map back's input). The basis change
+is a fixed cost per optimiser step, whatever the tokens per step, so with a dense step of
+``t`` seconds at a given batch ``core/dense ~ 1 + (core step - dense step) / t``
+(docs/performance.md, "core over dense: the basis change in the optimiser step").
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def main() -> None:
         if maps:
             weight, cmap = next(iter(maps.items()))
             coords = cmap.coordinates(weight.grad)
-            line += f" {cpu_seconds(lambda: cmap.coordinates(weight.grad)):7.2f} {cpu_seconds(lambda: cmap(coords)):12.2f} {len(maps):10d}"
+            line += (f" {cpu_seconds(lambda: cmap.coordinates(weight.grad)):7.2f}"
+                     f" {cpu_seconds(lambda: cmap(coords)):12.2f} {len(maps):10d}")
         print(line, flush=True)
 
 

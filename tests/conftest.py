@@ -1,6 +1,8 @@
-"""Shared fixtures: tiny random teachers of both architectures, tied and untied, with GQA."""
+"""Shared fixtures: tiny random teachers of both architectures, tied and untied, with GQA; test_fsdp's world."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +28,17 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(params=TEACHER_KINDS)
 def teacher(request) -> torch.nn.Module:
     return make_teacher(request.param)
+
+
+@pytest.fixture(scope="module", params=["llama-tied", "qwen2-untied"])
+def world(request, tmp_path_factory) -> Path:
+    """test_fsdp's world, shared with test_zero and test_teacher_recompute: a saved teacher, a corpus
+    and a trained warm start (:func:`tests.test_fsdp.make_world`). Parametrise it indirectly to take
+    one teacher kind. A module with its own ``world`` fixture (test_world, test_evaluate, ...) uses
+    that one instead."""
+    from tests.test_fsdp import make_world
+
+    return make_world(tmp_path_factory.mktemp(request.param), request.param)
 
 
 @pytest.fixture

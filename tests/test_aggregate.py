@@ -111,7 +111,8 @@ def test_audit_table_concatenates_with_the_experiment(tmp_path):
         (tmp_path / exp).mkdir()
         (tmp_path / exp / "audit.csv").write_text("weight,reachable\nmlp.gate,8\n")
     out = tmp_path / "audit.csv"
-    aggregate.main(["--table", "audit", "--inputs", str(tmp_path / "a/audit.csv"), str(tmp_path / "b/audit.csv"), "--out", str(out)])
+    aggregate.main(["--table", "audit", "--inputs", str(tmp_path / "a/audit.csv"), str(tmp_path / "b/audit.csv"),
+                    "--out", str(out)])
     t = pd.read_csv(out)
     assert list(t["experiment"]) == ["a", "b"] and list(t.columns) == ["experiment", "weight", "reachable"]
 
@@ -135,8 +136,10 @@ def test_token_efficiency_figure_writes_png_and_pdf(tmp_path):
 
 def test_heldout_gains_over_slice_beside_the_task_aggregate(evals, tmp_path):
     root = tmp_path / "results"
-    write_eval(root, "tiny", "lrc-dense-s0-t1000", {"a": 0.6, "b": 0.4}, 0.5, extra={"perplexity": 5.0, "kl_to_teacher": 0.2})
-    write_eval(root, "tiny", "lrc-dense-s1-t1000", {"a": 0.8, "b": 0.4}, 0.6, extra={"perplexity": 5.0, "kl_to_teacher": 0.4})
+    write_eval(root, "tiny", "lrc-dense-s0-t1000", {"a": 0.6, "b": 0.4}, 0.5,
+               extra={"perplexity": 5.0, "kl_to_teacher": 0.2})
+    write_eval(root, "tiny", "lrc-dense-s1-t1000", {"a": 0.8, "b": 0.4}, 0.6,
+               extra={"perplexity": 5.0, "kl_to_teacher": 0.4})
     out = tmp_path / "table1.csv"
     aggregate.main(["--table", "table1", "--inputs", *map(str, evals), "--out", str(out)])
     t = pd.read_csv(out).set_index("arm")
@@ -152,15 +155,16 @@ def test_heldout_gains_over_slice_beside_the_task_aggregate(evals, tmp_path):
     columns = list(pd.read_csv(out).columns)
     assert [c for c in columns if c in old] == old
     assert set(columns) - set(old) == {"perplexity_gain_over_slice", "kl_gain_over_slice", "suite", "aggregate_ci_low",
-                                       "aggregate_ci_high", "aggregate_per_seed", "gain_ci_low", "gain_ci_high", "gain_p_value"}
+                                       "aggregate_ci_high", "aggregate_per_seed", "gain_ci_low", "gain_ci_high",
+                                       "gain_p_value"}
 
 
 def test_heldout_only_evaluations_under_hand_given_names(tmp_path):
     """`lrc evaluate --suite none` records (no task, no aggregate) named after the arm or anything."""
     root = tmp_path / "results"
     files = []
-    for name, ppl, kl in (("teacher", 16.0, None), ("slice", 22049.0, 7.23), ("dense", 10665.0, 6.48), ("core", 11073.0, 6.53),
-                          ("my-student", 99.0, 3.0)):
+    for name, ppl, kl in (("teacher", 16.0, None), ("slice", 22049.0, 7.23), ("dense", 10665.0, 6.48),
+                          ("core", 11073.0, 6.53), ("my-student", 99.0, 3.0)):
         path = write_eval(root, "smol", name, {}, None, extra={"perplexity": ppl, "kl_to_teacher": kl})
         data = json.loads(path.read_text())
         data["suite"], data["aggregate"]["name"] = "none", None

@@ -26,7 +26,8 @@ def arm_student(teacher, arm, bases, seed=0, core_impl="optimizer"):
 
 def adamw(student, **kwargs):
     """AdamW as the training loop builds it: in the arm's coordinates where it has a map."""
-    return CoordinateAdamW([p for _, p in trainable_parameters(student)], coordinates=coordinate_maps(student), **kwargs)
+    return CoordinateAdamW([p for _, p in trainable_parameters(student)], coordinates=coordinate_maps(student),
+                           **kwargs)
 
 
 def test_all_arms_compute_the_warm_start_at_step_zero(teacher, token_batch):
@@ -118,8 +119,10 @@ def test_core_is_dense_in_rotated_coordinates(opt_name, token_batch, core_impl):
         opt.zero_grad()
         total.backward()
         opt.step()
-        weights[arm] = torch.cat([getattr(l.mlp, f"{k}_proj").weight.detach().flatten() for l in student.model.layers for k in ("gate", "up", "down")])
-        start = torch.cat([getattr(l.mlp, f"{k}_proj").weight.detach().flatten() for l in arm_student(teacher, arm, bases).model.layers for k in ("gate", "up", "down")])
+        weights[arm] = torch.cat([getattr(l.mlp, f"{k}_proj").weight.detach().flatten() for l in student.model.layers
+                                  for k in ("gate", "up", "down")])
+        start = torch.cat([getattr(l.mlp, f"{k}_proj").weight.detach().flatten()
+                           for l in arm_student(teacher, arm, bases).model.layers for k in ("gate", "up", "down")])
         assert (weights[arm] - start).abs().max() > 1e-3  # the step did move the weights
     diff = (weights["dense"] - weights["core"]).abs().max().item()
     if opt_name == "sgd":
@@ -182,7 +185,8 @@ def test_the_wy_maps_hold_only_their_wy_form_with_the_same_results(arm):
         for k, kind in enumerate(("gate", "up", "down")):
             proj = getattr(layer.mlp, f"{kind}_proj")
             lean = proj.optimizer_coordinates
-            assert {n for n, b in lean.named_buffers()} == {"wy_v", "wy_t", "wy_s"} | ({"rotation"} if arm == "randcomp" else set())
+            assert ({n for n, b in lean.named_buffers()}
+                    == {"wy_v", "wy_t", "wy_s"} | ({"rotation"} if arm == "randcomp" else set()))
             full = _arm_module(arm, bases, i, k, kind, proj.weight.detach(), 7, wy=True)
             assert full.basis is not None and full.reflectors is not None
             q = torch.randn(D_FF, R, generator=g)

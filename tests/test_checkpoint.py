@@ -16,14 +16,15 @@ from lrc.errors import LRCError
 from lrc.method.objectives import LMObjective
 from lrc.training import checkpoint as ckpt
 from lrc.training.loop import TrainArgs, train
+from lrc.training.outputs import copy_metrics
 from tests.helpers import ENV, SEQ, RandomTokens, tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
 # keep_checkpoints="all": these tests stage a kill just before DONE, when both full checkpoints
 # still exist (retention runs only after DONE), by removing the DONE of a finished run.
-ARGS = dict(tokens=SEQ * 8 * STEPS, batch_size=8, micro_batch_size=4, lr=3e-3, warmup=0.1, log_every=1, checkpoint_every=2, progress=False,
-            keep_checkpoints="all")
+ARGS = dict(tokens=SEQ * 8 * STEPS, batch_size=8, micro_batch_size=4, lr=3e-3, warmup=0.1, log_every=1,
+            checkpoint_every=2, progress=False, keep_checkpoints="all")
 
 
 def run(out: Path, **changes) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -68,7 +69,8 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(finished, ca
     err = capsys.readouterr().err
     assert f"checkpoint {bad.parent} is damaged: {bad} " in err and "falling back to step-000004" in err
     assert summary["resumed_from"] == str(ckpt_dir / ckpt.step_dir_name(4)) and not summary["already_done"]
-    assert all(torch.equal(straight[n], weights[n]) for n in straight), "fallback run differs from the uninterrupted one"
+    assert all(torch.equal(straight[n], weights[n]) for n in straight), (
+        "fallback run differs from the uninterrupted one")
     assert metric_steps(summary) == list(range(1, STEPS + 1))
     # The damaged one is set aside (not listed, not deleted); the redone step 6 replaced it.
     assert (ckpt_dir / ("damaged-" + ckpt.step_dir_name(6)) / name).is_file()
@@ -93,7 +95,8 @@ def test_with_no_good_checkpoint_the_run_starts_afresh(finished, capsys):
 def test_verify_names_each_missing_or_unreadable_file(finished):
     _, ckpt_dir, _ = finished
     step_dir = ckpt_dir / ckpt.step_dir_name(6)
-    expect = dict(trainable={n: tuple(p.shape) for n, p in tiny_llama().named_parameters()}, optimizer_params=None, processes=1)
+    expect = dict(trainable={n: tuple(p.shape) for n, p in tiny_llama().named_parameters()}, optimizer_params=None,
+                  processes=1)
     ckpt.verify_checkpoint(step_dir, **expect)  # whole: passes
     with pytest.raises(ckpt.DamagedCheckpoint, match="other trainable parameters"):
         ckpt.verify_checkpoint(step_dir, **(expect | {"trainable": {"lm_head.weight": (97, 32)}}))
@@ -123,14 +126,15 @@ def test_a_second_run_on_a_locked_checkpoint_directory_is_refused_naming_the_hol
     ckpt_dir = tmp_path / "out.ckpt"
     partial = ckpt_dir / ".tmp-step-000002"  # what a live run could be writing: the refused run must not touch it
     partial.mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(ckpt_dir)], env=ENV | {"PYTHONPATH": str(REPO)}, cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(ckpt_dir)], env=ENV | {"PYTHONPATH": str(REPO)},
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked", holder.stderr.read()
         assert (ckpt_dir / ckpt.LOCK_FILE).read_text().strip() == str(holder.pid)
         with pytest.raises(LRCError, match=rf"in use by process {holder.pid} .*stop that process or wait"):
             run(tmp_path / "out")
-        assert partial.is_dir() and ckpt.list_checkpoints(ckpt_dir) == [] and not Path(ckpt_dir / ckpt.METRICS_FILE).exists()
+        assert (partial.is_dir() and ckpt.list_checkpoints(ckpt_dir) == []
+                and not Path(ckpt_dir / ckpt.METRICS_FILE).exists())
     finally:
         holder.kill()
         holder.wait()
@@ -160,9 +164,9 @@ def test_metrics_are_truncated_to_the_resumed_step_and_copied_once(tmp_path):
     assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
     out = tmp_path / "out"
     out.mkdir()
-    ckpt.copy_metrics(path, out)
+    copy_metrics(path, out)
     assert (out / ckpt.METRICS_FILE).read_text() == path.read_text()
-    ckpt.copy_metrics(tmp_path / "nowhere.jsonl", out)
+    copy_metrics(tmp_path / "nowhere.jsonl", out)
     assert (out / ckpt.METRICS_FILE).read_text() == ""
 
 
@@ -192,7 +196,8 @@ def test_a_finished_run_keeps_only_its_final_weights_and_a_rerun_reuses_them(tmp
     # Without DONE (say, damaged) the final-only step is still the end: nothing is trained on it.
     (ckpt_dir / ckpt.DONE_FILE).unlink()
     third, weights = run(tmp_path / "out", keep_checkpoints="final")
-    assert not third["already_done"] and third["resumed_from"] == str(final) and ckpt.read_done(ckpt_dir)["step"] == STEPS
+    assert (not third["already_done"] and third["resumed_from"] == str(final)
+            and ckpt.read_done(ckpt_dir)["step"] == STEPS)
     assert all(torch.equal(straight[n], weights[n]) for n in straight)
 
 

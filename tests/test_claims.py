@@ -23,7 +23,8 @@ CONFINED, RANDCOMP = (40.5, 49.5, 60), (42, 51, 63)
 def write_eval(eval_dir, name, percent, chance=0.25):
     eval_dir.mkdir(parents=True, exist_ok=True)
     value = percent / 100
-    data = {"model": name, "suite": "tiny", "tasks": {"x": {"metric": "acc", "value": value, "stderr": 0.01, "chance": chance}},
+    data = {"model": name, "suite": "tiny",
+            "tasks": {"x": {"metric": "acc", "value": value, "stderr": 0.01, "chance": chance}},
             "aggregate": {"name": "Avg", "value": value}, "extra": {}, "lm_eval": {"version": "0.4.13"}, "settings": {}}
     path = eval_dir / f"{name}.json"
     path.write_text(json.dumps(data))
@@ -48,19 +49,23 @@ def read(path):
 
 
 def test_table1_pairs_each_full_arm_with_its_slice(evals, tmp_path):
-    files = [write_eval(evals, "teacher", 80)] + runs(evals, "slice", SLICE) + runs(evals, "dense", DENSE) + runs(evals, "core", CORE)
+    files = ([write_eval(evals, "teacher", 80)] + runs(evals, "slice", SLICE) + runs(evals, "dense", DENSE)
+             + runs(evals, "core", CORE))
     out = tmp_path / "claims" / "table1.csv"
     assert claims("table1", "--inputs", *files, "--out", out) == 0
     t = read(out)
     assert list(t.index) == ["dense − slice", "core − slice"]
     dense = t.loc["dense − slice"]
     assert dense["miniature"] == pytest.approx(3.0)
-    assert dense["ci_low"] == pytest.approx(3 - HALF, abs=1e-4) and dense["ci_high"] == pytest.approx(3 + HALF, abs=1e-4)
+    assert (dense["ci_low"] == pytest.approx(3 - HALF, abs=1e-4)
+            and dense["ci_high"] == pytest.approx(3 + HALF, abs=1e-4))
     assert dense["p_value"] == pytest.approx(0.0351, abs=1e-4)
     assert dense["per_seed"] == "3.0000 2.0000 4.0000" and dense["seeds"] == "0 1 2" and dense["n_seeds"] == 3
-    assert dense["paper"] == 2.23 and "Llama-3.2-3B" in dense["paper_setting"] and dense["paper_source"] == "docs/method.md §4"
+    assert (dense["paper"] == 2.23 and "Llama-3.2-3B" in dense["paper_setting"]
+            and dense["paper_source"] == "docs/method.md §4")
     assert dense["model_mean"] == pytest.approx(53.0) and dense["baseline_mean"] == pytest.approx(50.0)
-    assert dense["model_per_seed"] == "43.0000 52.0000 64.0000" and dense["baseline_per_seed"] == "40.0000 50.0000 60.0000"
+    assert (dense["model_per_seed"] == "43.0000 52.0000 64.0000"
+            and dense["baseline_per_seed"] == "40.0000 50.0000 60.0000")
     assert bool(dense["direction_holds"]) and bool(dense["ci_excludes_zero"]) and bool(dense["headline"])
     core = t.loc["core − slice"]  # gains 1, 0, 2: t = 1.732, p = 0.2254; the interval holds 0
     assert core["miniature"] == pytest.approx(1.0) and core["p_value"] == pytest.approx(0.2254, abs=1e-4)
@@ -81,7 +86,8 @@ def test_controls_every_arm_minus_slice_and_the_basis_controls(evals, tmp_path):
     files += runs(evals, "confined", CONFINED) + runs(evals, "randcomp", RANDCOMP)
     assert claims("controls", "--inputs", *files, "--out", tmp_path / "c.csv") == 0
     t = read(tmp_path / "c.csv")
-    assert list(t.index) == ["dense − slice", "core − slice", "confined − slice", "randcomp − slice", "core − dense", "randcomp − core"]
+    assert list(t.index) == ["dense − slice", "core − slice", "confined − slice", "randcomp − slice", "core − dense",
+                             "randcomp − core"]
     confined = t.loc["confined − slice"]  # 0.5, -0.5, 0: interval 0 ± 1.24, wider than the ±1 margin
     assert confined["miniature"] == pytest.approx(0.0, abs=1e-9) and pd.isna(confined["direction_holds"])
     assert "inconclusive" in confined["direction"] and confined["paper"] == -0.02
@@ -98,7 +104,8 @@ def test_cross_recipe_gains_and_their_difference(evals, tmp_path):
     files += runs(evals, "slice", (30, 35, 40), recipe="kl") + runs(evals, "dense", (35, 41, 44), recipe="kl")
     assert claims("cross_recipe", "--inputs", *files, "--out", tmp_path / "x.csv") == 0
     t = read(tmp_path / "x.csv")
-    assert t.loc["lrc: dense − slice", "miniature"] == pytest.approx(3.0) and t.loc["lrc: dense − slice", "paper"] == 1.82
+    assert (t.loc["lrc: dense − slice", "miniature"] == pytest.approx(3.0)
+            and t.loc["lrc: dense − slice", "paper"] == 1.82)
     assert t.loc["kl: dense − slice", "per_seed"] == "5.0000 6.0000 4.0000"
     diff = t.loc["(kl gain) − (lrc gain), dense − slice"]  # 5-3, 6-2, 4-4 = 2, 4, 0: mean 2, sd 2
     assert diff["miniature"] == pytest.approx(2.0) and diff["paper"] == 1.04
@@ -118,7 +125,8 @@ def test_saturation_ladder_long_budget_gap_and_figure(evals, tmp_path):
     assert t.loc["dense at 800 tokens", "per_seed"] == "53.0000 57.0000"
     long_gap = t.loc["long-budget gap: dense − slice at the largest budget (800 tokens)"]  # 53-45, 57-47: 8, 10
     assert long_gap["miniature"] == pytest.approx(9.0) and long_gap["paper"] == 2.54 and bool(long_gap["headline"])
-    assert long_gap["ci_high"] == pytest.approx(9 + 12.7062 * math.sqrt(2) / math.sqrt(2), abs=1e-3)  # t_{0.975,1} = 12.706
+    # t_{0.975,1} = 12.706
+    assert long_gap["ci_high"] == pytest.approx(9 + 12.7062 * math.sqrt(2) / math.sqrt(2), abs=1e-3)
     assert t.loc["dense − slice at 100 tokens", "miniature"] == pytest.approx(3.0)
     assert (t["teacher"] == 80).all()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
@@ -136,7 +144,8 @@ def write_occupancy(tmp_path, run, rows):
 
 
 def test_knockout_energy_outside_score_drop_and_chance(evals, tmp_path):
-    files = [write_eval(evals, "teacher", 80)] + runs(evals, "dense", DENSE) + runs(evals, "dense", (26, 25, 27), suffix=".knockout")
+    files = ([write_eval(evals, "teacher", 80)] + runs(evals, "dense", DENSE)
+             + runs(evals, "dense", (26, 25, 27), suffix=".knockout"))
     # Energy-weighted over layers and weights: 1.5 of 20, 3 of 40, 3 of 40 outside = 7.5 % each
     # (seed 2's rows hold 15 % and 5 %: the plain mean of the rows' shares would say 10 %).
     files += [write_occupancy(tmp_path, "lrc-dense-s0-t1000", [(0, "gate_proj", 10, 1), (0, "down_proj", 10, 0.5)]),
@@ -145,7 +154,8 @@ def test_knockout_energy_outside_score_drop_and_chance(evals, tmp_path):
     assert claims("knockout", "--inputs", *files, "--out", tmp_path / "k.csv") == 0
     t = read(tmp_path / "k.csv")
     outside = t.loc["dense: MLP energy outside the teacher's spaces (%)"]
-    assert outside["per_seed"] == "7.5000 7.5000 7.5000" and outside["paper"] == 7.4 and pd.isna(outside["direction_holds"])
+    assert (outside["per_seed"] == "7.5000 7.5000 7.5000" and outside["paper"] == 7.4
+            and pd.isna(outside["direction_holds"]))
     drop = t.loc["dense: score drop from the knockout (before − after)"]  # 43-26, 52-25, 64-27
     assert drop["per_seed"] == "17.0000 27.0000 37.0000" and drop["miniature"] == pytest.approx(27.0)
     chance = t.loc["dense: score after the knockout − chance"]  # chance 25 %: 1, 0, 2 above it
@@ -164,7 +174,8 @@ def test_knockout_that_keeps_the_score_does_not_collapse(evals, tmp_path):
 
 
 def test_sft_beside_the_teacher_and_the_sft_gain(evals, tmp_path):
-    files = [write_eval(evals, "teacher", 80)] + runs(evals, "dense", DENSE) + runs(evals, "dense", (81, 79, 83), suffix=".sft")
+    files = ([write_eval(evals, "teacher", 80)] + runs(evals, "dense", DENSE)
+             + runs(evals, "dense", (81, 79, 83), suffix=".sft"))
     files += runs(evals, "slice", SLICE) + runs(evals, "slice", (70, 72, 74), suffix=".sft")
     assert claims("sft", "--inputs", *files, "--out", tmp_path / "f.csv") == 0
     t = read(tmp_path / "f.csv")
@@ -201,27 +212,33 @@ def test_coordinates_energy_weighted_share_per_step_and_final(tmp_path):
     assert t.loc["dense: update energy inside the teacher's subspace (%) at step 10", "per_seed"] == "40.0000 40.0000"
     final = t.loc["dense: update energy inside the teacher's subspace (%) at the end (step 20)"]
     assert final["miniature"] == pytest.approx(70.0) and bool(final["headline"]) and final["tokens_seen"] == 2000
-    assert math.isnan(final["paper"]) and "no paper number" in final["direction"] and math.isnan(final["direction_holds"])
+    assert (math.isnan(final["paper"]) and "no paper number" in final["direction"]
+            and math.isnan(final["direction_holds"]))
     diff = t.loc["dense − core: final share inside the teacher's subspace (points)"]  # 60-90, 80-100
     assert diff["per_seed"] == "-30.0000 -20.0000"
 
 
 def test_summary_csv_and_markdown(evals, tmp_path):
-    files = [write_eval(evals, "teacher", 80)] + runs(evals, "slice", SLICE) + runs(evals, "dense", DENSE) + runs(evals, "core", CORE)
+    files = ([write_eval(evals, "teacher", 80)] + runs(evals, "slice", SLICE) + runs(evals, "dense", DENSE)
+             + runs(evals, "core", CORE))
     files += runs(evals, "confined", CONFINED) + runs(evals, "randcomp", RANDCOMP)
     t1, ctl = tmp_path / "claims" / "table1.csv", tmp_path / "claims" / "controls.csv"
-    assert claims("table1", "--inputs", *files, "--out", t1) == 0 and claims("controls", "--inputs", *files, "--out", ctl) == 0
+    assert (claims("table1", "--inputs", *files, "--out", t1) == 0
+            and claims("controls", "--inputs", *files, "--out", ctl) == 0)
     (tmp_path / "seconds").write_text("1234.5\n")
     out, md = tmp_path / "claims.csv", tmp_path / "claims.md"
-    assert claims("summary", "--inputs", t1, ctl, "--out", out, "--markdown", md, "--time-file", tmp_path / "seconds") == 0
+    assert claims("summary", "--inputs", t1, ctl, "--out", out, "--markdown", md,
+                  "--time-file", tmp_path / "seconds") == 0
     s = pd.read_csv(out)
     assert list(s.columns) == ["claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds",
                                "direction_holds", "ci_excludes_zero", "rule", "table"]
-    assert list(s["comparison"]) == ["dense − slice", "core − slice", "confined − slice", "core − dense", "randcomp − core"]
+    assert list(s["comparison"]) == ["dense − slice", "core − slice", "confined − slice", "core − dense",
+                                     "randcomp − core"]
     assert list(s["rule"]) == ["claim_table1"] * 2 + ["claim_controls"] * 3 and s.loc[0, "table"] == str(t1)
     assert s.loc[0, "miniature"] == pytest.approx(3.0) and s.loc[0, "ci_low"] == pytest.approx(3 - HALF, abs=1e-4)
     text = md.read_text()
-    assert "| 1 | table1 | dense − slice | +2.23 | +3.00 [+0.52, +5.48] | 3 | 0.0351 | yes | yes | `claim_table1` |" in text
+    assert ("| 1 | table1 | dense − slice | +2.23 | +3.00 [+0.52, +5.48] | 3 | 0.0351 | yes | yes | `claim_table1` |"
+            in text)
     assert "20.6 min (1234 s)" in text and "Student's t" in text and "docs/method.md" in text
     assert "3. no effect, as in the paper (-0.02): holds if the interval lies within ±1 points" in text
 
@@ -269,7 +286,8 @@ def test_two_experiments_get_their_own_rows_and_figure_panels(tmp_path):
     assert "other: long-budget gap: dense − slice at the largest budget (800 tokens)" in list(s["comparison"])
 
 
-@pytest.mark.parametrize("low, high, holds", [(-0.5, 0.8, True), (0.2, 3.0, False), (-3.0, -0.1, False), (-1.5, 0.5, None)])
+@pytest.mark.parametrize("low, high, holds",
+                         [(-0.5, 0.8, True), (0.2, 3.0, False), (-3.0, -0.1, False), (-1.5, 0.5, None)])
 def test_a_null_holds_only_when_its_interval_lies_within_the_margin(low, high, holds):
     from lrc.analysis.claims_rows import EQUIVALENCE_MARGIN, direction_holds, paper
     from lrc.analysis.stats import Interval

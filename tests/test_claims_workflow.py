@@ -54,7 +54,7 @@ def outputs_of(output: str, rule: str) -> list[str]:
 
 
 def expected_claim_runs(c: dict) -> set[str]:
-    """Written out here from the claims' definitions (METHOD.md §4), not from lrc.workflow.claims."""
+    """Written out here from the claims' definitions (docs/method.md §4), not from lrc.workflow.claims."""
     seeds, t, full = c["seeds"], c["tokens"], c["full_arm"]
     at_budget = {f"lrc-{arm}-s{s}-t{t}" for arm in ["slice", "dense", "core", "confined", "randcomp"] for s in seeds}
     kl = {f"kl-{arm}-s{s}-t{t}" for arm in ["slice", full] for s in seeds}
@@ -82,16 +82,19 @@ def test_claims_dag_on_the_default_config_distills_exactly_the_claims_runs():
         assert counts[f"claim_{claim}"] == 1
     assert counts["claims"] == 1 and "table1" not in counts and "pretrain" in counts
     assert set(outputs_of(out, "knockout_audit")) == {
-        f"results/tiny/occupancy/lrc-{a}-s{s}-t{c['tokens']}.csv" for a in ("dense", "core", "randcomp") for s in c["seeds"]}
+        f"results/tiny/occupancy/lrc-{a}-s{s}-t{c['tokens']}.csv" for a in ("dense", "core", "randcomp")
+        for s in c["seeds"]}
 
 
 def test_claim_rules_hand_lrc_claims_their_files():
     out = snakemake("-n", "--forceall", "results/claims/coordinates.csv", "results/claims/knockout.csv").stdout
     (coords,) = [c for c in shell_commands(out) if c.startswith("lrc claims coordinates ")]
     files = coords.split("--inputs ", 1)[1].split(" --out", 1)[0].split()
-    assert len(files) == 15 and all(re.fullmatch(r"results/tiny/distill/lrc-\w+-s\d-t\d+/update_energy\.csv", f) for f in files)
+    assert len(files) == 15 and all(re.fullmatch(r"results/tiny/distill/lrc-\w+-s\d-t\d+/update_energy\.csv", f)
+                                    for f in files)
     (knock,) = [c for c in shell_commands(out) if c.startswith("lrc claims knockout ")]
-    assert "results/tiny/eval/teacher.json" in knock and knock.count(".knockout.json") == 9 and knock.count("/occupancy/") == 9
+    assert ("results/tiny/eval/teacher.json" in knock and knock.count(".knockout.json") == 9
+            and knock.count("/occupancy/") == 9)
 
 
 def test_quick_default_table1_dag_is_unchanged_by_the_claims_section(tmp_path):
@@ -101,7 +104,8 @@ def test_quick_default_table1_dag_is_unchanged_by_the_claims_section(tmp_path):
     (tmp_path / "a").mkdir()
     without = jobs_of(dry_run("results/table1.csv", config, tmp_path / "a"))
     assert with_claims == without
-    assert [o for r, o in with_claims if r == "distill"] == [f"results/tiny/distill/lrc-{a}-s0-t800000" for a in ("core", "dense", "slice")]
+    assert [o for r, o in with_claims if r == "distill"] == [f"results/tiny/distill/lrc-{a}-s0-t800000"
+                                                             for a in ("core", "dense", "slice")]
     assert [o for r, o in with_claims if r == "warmstart"] == ["results/tiny/warmstart/lrc"]
 
 
@@ -110,12 +114,15 @@ def test_vary_warmstart_gives_each_seed_its_own_warm_start(tmp_path):
     config["experiments"]["tiny"]["claims"]["vary_warmstart"] = True
     out = dry_run("results/claims/cross_recipe.csv", config, tmp_path)
     tokens = config["experiments"]["tiny"]["claims"]["tokens"]
-    assert outputs_of(out, "warmstart_seeded") == sorted(f"results/tiny/warmstart/{r}-s{s}" for r in ("lrc", "kl") for s in (0, 1, 2))
+    assert outputs_of(out, "warmstart_seeded") == sorted(f"results/tiny/warmstart/{r}-s{s}" for r in ("lrc", "kl")
+                                                         for s in (0, 1, 2))
     assert "warmstart" not in job_counts(out)
     for seed in (0, 1, 2):
-        (cmd,) = [c for c in shell_commands(out) if " warmstart " in c and f"--out results/tiny/warmstart/kl-s{seed} " in c]
+        (cmd,) = [c for c in shell_commands(out) if " warmstart " in c
+                  and f"--out results/tiny/warmstart/kl-s{seed} " in c]
         assert f"--seed {seed} " in cmd
-        (cmd,) = [c for c in shell_commands(out) if " distill " in c and f"--out results/tiny/distill/kl-dense-s{seed}-t{tokens} " in c]
+        (cmd,) = [c for c in shell_commands(out) if " distill " in c
+                  and f"--out results/tiny/distill/kl-dense-s{seed}-t{tokens} " in c]
         assert f"--warmstart results/tiny/warmstart/kl-s{seed} " in cmd and f"--seed {seed} " in cmd
 
 
@@ -132,19 +139,30 @@ def claims_refusal(edit) -> list[str]:
 
 
 BAD_CLAIMS = [
-    ("ladder3", lambda x: x["claims"].update(ladder=[100000, 400000, 1600000]), "at experiments.tiny.claims.ladder: [100000, 400000, 1600000] is too short"),
-    ("ladder_short", lambda x: x["claims"].update(tokens=400000, ladder=[100000, 200000, 400000, 800000]), "experiments.tiny.claims.ladder: the largest budget 800000 must be at least 4x claims.tokens (1600000)"),
-    ("ladder_order", lambda x: x["claims"].update(ladder=[1600000, 100000, 200000, 400000]), "experiments.tiny.claims.ladder: list the budgets in increasing order"),
-    ("ladder_repeat", lambda x: x["claims"].update(ladder=[100000, 100000, 400000, 1600000]), "at experiments.tiny.claims.ladder: [100000, 100000, 400000, 1600000] has non-unique elements"),
-    ("full_arm", lambda x: x["claims"].update(full_arm="slice"), "at experiments.tiny.claims.full_arm: 'slice' is not one of ['dense', 'core', 'randcomp']"),
+    ("ladder3", lambda x: x["claims"].update(ladder=[100000, 400000, 1600000]),
+     "at experiments.tiny.claims.ladder: [100000, 400000, 1600000] is too short"),
+    ("ladder_short", lambda x: x["claims"].update(tokens=400000, ladder=[100000, 200000, 400000, 800000]),
+     "experiments.tiny.claims.ladder: the largest budget 800000 must be at least 4x claims.tokens (1600000)"),
+    ("ladder_order", lambda x: x["claims"].update(ladder=[1600000, 100000, 200000, 400000]),
+     "experiments.tiny.claims.ladder: list the budgets in increasing order"),
+    ("ladder_repeat", lambda x: x["claims"].update(ladder=[100000, 100000, 400000, 1600000]),
+     "at experiments.tiny.claims.ladder: [100000, 100000, 400000, 1600000] has non-unique elements"),
+    ("full_arm", lambda x: x["claims"].update(full_arm="slice"),
+     "at experiments.tiny.claims.full_arm: 'slice' is not one of ['dense', 'core', 'randcomp']"),
     ("one_seed", lambda x: x["claims"].update(seeds=[0]), "at experiments.tiny.claims.seeds: [0] is too short"),
-    ("seed_repeat", lambda x: x["claims"].update(seeds=[0, 0, 1]), "at experiments.tiny.claims.seeds: [0, 0, 1] has non-unique elements"),
-    ("negative_seed", lambda x: x["claims"].update(seeds=[0, -1]), "at experiments.tiny.claims.seeds.1: -1 is less than the minimum of 0"),
-    ("tokens_text", lambda x: x["claims"].update(tokens="400k"), "at experiments.tiny.claims.tokens: '400k' is not of type 'integer'"),
-    ("tokens_zero", lambda x: x["claims"].update(tokens=0), "at experiments.tiny.claims.tokens: 0 is less than the minimum of 1"),
+    ("seed_repeat", lambda x: x["claims"].update(seeds=[0, 0, 1]),
+     "at experiments.tiny.claims.seeds: [0, 0, 1] has non-unique elements"),
+    ("negative_seed", lambda x: x["claims"].update(seeds=[0, -1]),
+     "at experiments.tiny.claims.seeds.1: -1 is less than the minimum of 0"),
+    ("tokens_text", lambda x: x["claims"].update(tokens="400k"),
+     "at experiments.tiny.claims.tokens: '400k' is not of type 'integer'"),
+    ("tokens_zero", lambda x: x["claims"].update(tokens=0),
+     "at experiments.tiny.claims.tokens: 0 is less than the minimum of 1"),
     ("no_tokens", lambda x: x["claims"].pop("tokens"), "at experiments.tiny.claims: 'tokens' is a required property"),
-    ("typo", lambda x: x["claims"].update(seed=[0, 1]), "at experiments.tiny.claims: Additional properties are not allowed ('seed' was unexpected)"),
-    ("no_energy", lambda x: x["distill"]["train"].pop("update_energy_every"), "experiments.tiny.distill.train.update_energy_every: the coordinates claim reads each run's update_energy.csv"),
+    ("typo", lambda x: x["claims"].update(seed=[0, 1]),
+     "at experiments.tiny.claims: Additional properties are not allowed ('seed' was unexpected)"),
+    ("no_energy", lambda x: x["distill"]["train"].pop("update_energy_every"),
+     "experiments.tiny.distill.train.update_energy_every: the coordinates claim reads each run's update_energy.csv"),
 ]
 
 
@@ -165,7 +183,8 @@ def test_workflow_refuses_a_bad_claims_section_before_any_job(tmp_path):
     path.write_text(yaml.safe_dump(config))
     result = snakemake("--cores", "1", "results/claims.md", "--directory", tmp_path, "--configfile", path)
     assert result.returncode != 0
-    assert "invalid config at experiments.tiny.claims.ladder: the largest budget 800000" in result.stdout + result.stderr
+    assert ("invalid config at experiments.tiny.claims.ladder: the largest budget 800000"
+            in result.stdout + result.stderr)
     assert not (tmp_path / "results").exists() and not (tmp_path / "logs").exists()
 
 
@@ -182,7 +201,8 @@ def test_claims_target_without_a_claims_section_names_it(tmp_path):
 # ---------------------------------------------------------------- a small real run
 
 TINY_CLAIMS = {"seeds": [0, 1], "tokens": 4000, "ladder": [2000, 4000, 8000, 16000], "full_arm": "dense"}
-CLAIM_COLUMNS = ["claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "direction_holds", "ci_excludes_zero", "rule", "table"]
+CLAIM_COLUMNS = ["claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "direction_holds",
+                 "ci_excludes_zero", "rule", "table"]
 
 
 @pytest.mark.slow
@@ -214,7 +234,8 @@ def test_claims_end_to_end_on_a_tiny_world(tmp_path):
     assert set(seeded["n_seeds"]) <= {2} and len(seeded) > 0
     assert table["miniature"].notna().all(), table
     assert (results / "claims.md").read_text().count("claim_") >= len(claims.CLAIMS)
-    assert (results / "claims" / "saturation.png").stat().st_size > 1000 and (results / "claims" / "saturation.pdf").is_file()
+    assert ((results / "claims" / "saturation.png").stat().st_size > 1000
+            and (results / "claims" / "saturation.pdf").is_file())
     occupancy = pd.read_csv(results / exp / "occupancy" / "lrc-dense-s0-t4000.csv")
     assert list(occupancy.columns) == ["layer", "weight", "energy", "outside", "occupancy"]
     rerun = snakemake("-n", "results/claims.md", "--configfile", "claims.yaml", cwd=repo)

@@ -208,7 +208,8 @@ def test_streamed_clone_terms_match_the_captured_ones_values_and_gradients(token
 def test_teacher_ms_divides_each_layers_mse_by_its_targets_mean_square(token_batch):
     teacher = make_teacher("llama-tied")
     student = build_student(teacher, 16, seed=3)
-    objective = CloneObjective(teacher, student, RecipeArgs(clone_norm="teacher_ms", ce_weight=0.0, kl_weight=0.0, alpha=1.0))
+    objective = CloneObjective(teacher, student,
+                               RecipeArgs(clone_norm="teacher_ms", ce_weight=0.0, kl_weight=0.0, alpha=1.0))
     total, terms = objective.loss({"input_ids": token_batch})
     per_layer = objective.layer_terms()
     for name in CLONE_TERMS:
@@ -221,10 +222,12 @@ def test_teacher_ms_divides_each_layers_mse_by_its_targets_mean_square(token_bat
         teacher(input_ids=token_batch)
     h.remove()
     torch.testing.assert_close(per_layer["target_ms"][(1, "gate")], caps["gate"].square().mean())
-    raw = CloneObjective(teacher, student, RecipeArgs(ce_weight=0.0, kl_weight=0.0, alpha=1.0, clone_terms=["gate"], clone_layers=[1]))
+    raw = CloneObjective(teacher, student,
+                         RecipeArgs(ce_weight=0.0, kl_weight=0.0, alpha=1.0, clone_terms=["gate"], clone_layers=[1]))
     raw_total, _ = raw.loss({"input_ids": token_batch})
     g_raw = student.model.layers[1].mlp.gate_proj.parametrizations.weight.original
-    only_gate = CloneObjective(teacher, student, RecipeArgs(clone_norm="teacher_ms", ce_weight=0.0, kl_weight=0.0, alpha=1.0, clone_terms=["gate"], clone_layers=[1]))
+    only_gate = CloneObjective(teacher, student, RecipeArgs(clone_norm="teacher_ms", ce_weight=0.0, kl_weight=0.0,
+                                                            alpha=1.0, clone_terms=["gate"], clone_layers=[1]))
     norm_total, _ = only_gate.loss({"input_ids": token_batch})
     (a,) = torch.autograd.grad(raw_total, g_raw)
     (b,) = torch.autograd.grad(norm_total, g_raw)

@@ -14,9 +14,11 @@ from tests.helpers import command_options
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
-# The shipped configs, and any a user adds to config/paper/ ("Adding a teacher" in the README).
-CONFIGS = sorted([ROOT / "config" / "config.yaml", ROOT / "config" / "test.yaml", *(ROOT / "config" / "paper").glob("*.yaml")])
-SHIPPED = ["config/config.yaml", "config/test.yaml", "config/paper/llama3.1-8b.yaml", "config/paper/llama3.2-3b.yaml", "config/paper/qwen2.5-3b.yaml"]
+# The shipped configs, and any a user adds to config/paper/ ("Your own teacher on a SLURM cluster" in the README).
+CONFIGS = sorted([ROOT / "config" / "config.yaml", ROOT / "config" / "test.yaml",
+                  *(ROOT / "config" / "paper").glob("*.yaml")])
+SHIPPED = ["config/config.yaml", "config/test.yaml", "config/paper/llama3.1-8b.yaml", "config/paper/llama3.2-3b.yaml",
+           "config/paper/qwen2.5-3b.yaml"]
 
 # Config section -> the `lrc` command whose options it holds.
 SECTIONS = {
@@ -74,7 +76,8 @@ def test_flag_sections_name_real_options(path):
                 continue
             options = command_options(command)
             unknown = set(section) - options
-            assert not unknown, f"{path.name}: experiments.{exp}.{where}: not options of `lrc {command}`: {sorted(unknown)}"
+            assert not unknown, (
+                f"{path.name}: experiments.{exp}.{where}: not options of `lrc {command}`: {sorted(unknown)}")
 
 
 def _get(settings, keys):
@@ -84,7 +87,7 @@ def _get(settings, keys):
 
 
 def test_paper_configs_follow_method():
-    """Widths and recipe numbers of METHOD.md (Llama-3.1-8B's r is an assumption, see its file)."""
+    """Widths and recipe numbers of docs/method.md §1 (Llama-3.1-8B's r is an assumption, see its file)."""
     expect = {
         "llama3.2-3b": ("meta-llama/Llama-3.2-3B", 1536, 1e-4, 24 * 2048, 0.2),
         "llama3.1-8b": ("meta-llama/Llama-3.1-8B", 1376, 1e-4, 24 * 2048, 0.2),
@@ -106,11 +109,16 @@ def test_paper_configs_follow_method():
 @pytest.mark.parametrize(
     "edit, key, reason",
     [
-        (lambda c: c["experiments"]["tiny"]["distill"]["arms"].append("wide"), "experiments.tiny.distill.arms.3", "'wide' is not one of"),
-        (lambda c: c["experiments"]["tiny"]["student"].update(hidden_size="48"), "experiments.tiny.student.hidden_size", "is not of type 'integer'"),
-        (lambda c: c["experiments"]["tiny"]["distill"].pop("tokens"), "experiments.tiny.distill", "'tokens' is a required property"),
-        (lambda c: c["experiments"]["tiny"]["distill"]["train"].update({"Learning-Rate": 1}), "experiments.tiny.distill.train", "does not match"),
-        (lambda c: c["experiments"]["tiny"].update(teacher={"source": "hub"}), "experiments.tiny.teacher", "'hub' is a required property"),
+        (lambda c: c["experiments"]["tiny"]["distill"]["arms"].append("wide"), "experiments.tiny.distill.arms.3",
+         "'wide' is not one of"),
+        (lambda c: c["experiments"]["tiny"]["student"].update(hidden_size="48"), "experiments.tiny.student.hidden_size",
+         "is not of type 'integer'"),
+        (lambda c: c["experiments"]["tiny"]["distill"].pop("tokens"), "experiments.tiny.distill",
+         "'tokens' is a required property"),
+        (lambda c: c["experiments"]["tiny"]["distill"]["train"].update({"Learning-Rate": 1}),
+         "experiments.tiny.distill.train", "does not match"),
+        (lambda c: c["experiments"]["tiny"].update(teacher={"source": "hub"}), "experiments.tiny.teacher",
+         "'hub' is a required property"),
     ],
 )
 def test_broken_config_is_refused_naming_the_key(edit, key, reason):

@@ -27,7 +27,8 @@ def pins() -> dict[str, str]:
 
 def direct_requirements() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    listed = project["dependencies"] + [r for extra in INSTALLED_EXTRAS for r in project["optional-dependencies"][extra]]
+    listed = project["dependencies"] + [r for extra in INSTALLED_EXTRAS
+                                        for r in project["optional-dependencies"][extra]]
     return [Requirement(r) for r in listed]
 
 

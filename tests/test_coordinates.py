@@ -24,6 +24,7 @@ from lrc.method.student import (
     save_lrc_state,
     trainable_parameters,
 )
+from lrc.names import COORDINATES_ATTR
 from lrc.training import checkpoint as ckpt
 from lrc.training.loop import TrainArgs, train
 from lrc.training.optim import CoordinateAdamW, coordinate_maps
@@ -85,9 +86,10 @@ def run(tmp, arm, core_impl, *, steps=50, micro=4, ckpt_dir=None, checkpoint_eve
     teacher = make_teacher("qwen2-untied")
     student = student_of(teacher, compute_bases(teacher), arm, core_impl)
     objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
-    args = TrainArgs(tokens=steps * 4 * SEQ, batch_size=4, micro_batch_size=micro, lr=3e-3, warmup=0.1, weight_decay=0.1,
-                     grad_clip=0.5, log_every=1, checkpoint_every=checkpoint_every, threads=1, progress=False,
-                     ckpt_dir=ckpt_dir or tmp / f"{arm}-{core_impl}.ckpt", keep_checkpoints=keep_checkpoints)
+    args = TrainArgs(tokens=steps * 4 * SEQ, batch_size=4, micro_batch_size=micro, lr=3e-3, warmup=0.1,
+                     weight_decay=0.1, grad_clip=0.5, log_every=1, checkpoint_every=checkpoint_every, threads=1,
+                     progress=False, ckpt_dir=ckpt_dir or tmp / f"{arm}-{core_impl}.ckpt",
+                     keep_checkpoints=keep_checkpoints)
     summary = train(objective, student, RandomTokens(rows=40), args, tmp / "out")
     objective.close()
     records = [json.loads(line) for line in open(summary["metrics"])]
@@ -134,7 +136,8 @@ def test_resume_from_a_mid_run_checkpoint_is_bitwise(tmp_path):
                          keep_checkpoints="all")
     (tmp_path / "b").mkdir()
     shutil.copytree(tmp_path / "a" / ckpt.step_dir_name(10), tmp_path / "b" / ckpt.step_dir_name(10))
-    resumed, _, log = run(tmp_path, "core", "optimizer", steps=20, micro=2, ckpt_dir=tmp_path / "b", checkpoint_every=10)
+    resumed, _, log = run(tmp_path, "core", "optimizer", steps=20, micro=2, ckpt_dir=tmp_path / "b",
+                          checkpoint_every=10)
     assert log[0]["step"] == 11 and log[-1]["step"] == 20  # resumed at step 10
     for (name, p), (_, q) in zip(trainable_parameters(straight), trainable_parameters(resumed)):
         assert torch.equal(p, q), name
@@ -152,7 +155,8 @@ def test_state_saves_the_deployed_weights_and_merges(tmp_path, token_batch):
     meta = json.loads((tmp_path / "state" / "lrc.json").read_text())
     assert meta["arm"] == "core" and meta["core_impl"] == "optimizer"
     loaded = load_lrc_state(tmp_path / "state", teacher, bases)
-    assert coordinate_maps(loaded) and torch.equal(loaded(input_ids=token_batch).logits, student(input_ids=token_batch).logits)
+    assert (coordinate_maps(loaded)
+            and torch.equal(loaded(input_ids=token_batch).logits, student(input_ids=token_batch).logits))
     w = student.model.layers[0].mlp.down_proj.weight
     assert torch.equal(merge_student(loaded).model.layers[0].mlp.down_proj.weight, w)  # the trained weight, bitwise
     assert save_merged(loaded, tmp_path / "merged", check_ids=token_batch)["passed"]

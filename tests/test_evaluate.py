@@ -78,7 +78,8 @@ def test_tiny_suite_end_to_end(world, checkpoint, heldout, tmp_path, monkeypatch
     out = tmp_path / "eval" / "model.json"
     start = time.time()
     rc = main([str(checkpoint), "--tasks-dir", str(world / "tasks"), "--heldout", str(heldout),
-               "--teacher", str(checkpoint), "--batch-size", "8", "--threads", "1", "--out", str(out), "--name", "rand"])
+               "--teacher", str(checkpoint), "--batch-size", "8", "--threads", "1", "--out", str(out),
+               "--name", "rand"])
     elapsed = time.time() - start
     assert rc == 0 and elapsed < 60
     record = json.loads(out.read_text())
@@ -91,7 +92,8 @@ def test_tiny_suite_end_to_end(world, checkpoint, heldout, tmp_path, monkeypatch
         assert entry["value"] == entry[entry["metric"]] and 0 <= entry["value"] <= 1 and entry["stderr"] > 0
     values = [t["value"] for t in record["tasks"].values()]
     assert record["aggregate"] == {"name": "Avg", "value": pytest.approx(sum(values) / len(values))}
-    assert record["lm_eval"]["num_fewshot"] == 0 and record["lm_eval"]["batch_size"] == 8 and record["lm_eval"]["version"]
+    assert (record["lm_eval"]["num_fewshot"] == 0 and record["lm_eval"]["batch_size"] == 8
+            and record["lm_eval"]["version"])
 
     # lm-eval's accuracy and gold log-likelihood agree with a direct computation.
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint)).eval()
@@ -148,7 +150,8 @@ def test_bad_input_is_named(world, checkpoint, tmp_path):
     with pytest.raises(LRCError, match="--suite tiny needs --tasks-dir"):
         main([str(checkpoint), "--out", str(tmp_path / "e.json")])
     with pytest.raises(LRCError, match=r"--tasks \['world_nope'\] not in suite 'tiny'"):
-        main([str(checkpoint), "--tasks-dir", str(world / "tasks"), "--tasks", "world_nope", "--out", str(tmp_path / "e.json")])
+        main([str(checkpoint), "--tasks-dir", str(world / "tasks"), "--tasks", "world_nope",
+              "--out", str(tmp_path / "e.json")])
     with pytest.raises(LRCError, match="--model .*missing is not a checkpoint directory"):
         main([str(tmp_path / "missing"), "--tasks-dir", str(world / "tasks"), "--out", str(tmp_path / "e.json")])
     empty = tmp_path / "tasks"
@@ -186,7 +189,8 @@ def test_paper_suite_without_network_names_the_task(checkpoint, tmp_path, monkey
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
     with pytest.raises(LRCError, match=r"lm-eval failed on suite 'paper' \(tasks boolq\).*needs the hub's datasets"):
-        main([str(checkpoint), "--suite", "paper", "--tasks", "boolq", "--threads", "1", "--out", str(tmp_path / "e.json")])
+        main([str(checkpoint), "--suite", "paper", "--tasks", "boolq", "--threads", "1",
+              "--out", str(tmp_path / "e.json")])
     assert not (tmp_path / "e.json").exists()
 
 
@@ -274,7 +278,8 @@ def test_a_tampered_heldout_set_is_refused_before_lm_eval(world, checkpoint, hel
     rc = lrc(["evaluate", str(checkpoint), "--tasks-dir", str(world / "tasks"), "--heldout", str(copy),
               "--threads", "1", "--out", str(tmp_path / "e.json")])
     assert rc == 2
-    assert re.search(r"^error: .*valid/tokens.bin: its SHA-256 .* recorded in manifest.json", capsys.readouterr().err, re.M)
+    assert re.search(r"^error: .*valid/tokens.bin: its SHA-256 .* recorded in manifest.json", capsys.readouterr().err,
+                     re.M)
     assert (copy / "tokens.bin").read_bytes() == bytes(data) and not (tmp_path / "e.json").exists()
 
 
@@ -307,14 +312,15 @@ def test_suite_none_gives_the_heldout_measures_without_lm_eval(checkpoint, heldo
 
     monkeypatch.setattr(lm_eval, "simple_evaluate", not_reached)
     out = tmp_path / "none.json"
-    assert main([str(checkpoint), "--suite", "none", "--heldout", str(heldout), "--teacher", str(checkpoint), "--heldout-rows", "8",
-                 "--threads", "1", "--out", str(out)]) == 0
+    assert main([str(checkpoint), "--suite", "none", "--heldout", str(heldout), "--teacher", str(checkpoint),
+                 "--heldout-rows", "8", "--threads", "1", "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["suite"] == "none" and record["tasks"] == {} and record["aggregate"] == {"name": None, "value": None}
     rows, masks = heldout_rows(TokenDataset(heldout), 8)
     direct = heldout_measures(load_model(str(checkpoint), torch.device("cpu")), rows, masks)
     assert record["extra"]["perplexity"] == pytest.approx(direct["perplexity"], rel=1e-5)
-    assert record["extra"]["kl_to_teacher"] == pytest.approx(0.0, abs=1e-6) and record["extra"]["heldout_tokens"] == direct["heldout_tokens"]
+    assert (record["extra"]["kl_to_teacher"] == pytest.approx(0.0, abs=1e-6)
+            and record["extra"]["heldout_tokens"] == direct["heldout_tokens"])
     with pytest.raises(LRCError, match="--suite none measures only held-out rows: give --heldout"):
         EvaluateArgs(model="m", out=tmp_path / "x.json", suite="none")
     with pytest.raises(LRCError, match="--suite none runs no task"):
@@ -323,7 +329,8 @@ def test_suite_none_gives_the_heldout_measures_without_lm_eval(checkpoint, heldo
 
 def test_a_local_task_directory_scores_as_the_tiny_suite_does(world, checkpoint, tmp_path):
     """`--suite local` on the world's tasks/ (no suite.yaml: every task YAML in it) gives the tiny suite's numbers."""
-    common = [str(checkpoint), "--tasks-dir", str(world / "tasks"), "--limit", "12", "--batch-size", "8", "--threads", "1"]
+    common = [str(checkpoint), "--tasks-dir", str(world / "tasks"), "--limit", "12", "--batch-size", "8",
+              "--threads", "1"]
     assert main(common + ["--suite", "local", "--out", str(tmp_path / "local.json")]) == 0
     assert main(common + ["--suite", "tiny", "--out", str(tmp_path / "tiny.json")]) == 0
     local, tiny = (json.loads((tmp_path / f"{n}.json").read_text())["tasks"] for n in ("local", "tiny"))
@@ -340,14 +347,17 @@ def test_heldout_tasks_from_lrc_tasks_run_offline(world, checkpoint, heldout, tm
     from lrc.commands.tasks import main as tasks_main
 
     tasks = tmp_path / "tasks"
-    assert tasks_main(["--data", str(world / "corpus/valid.jsonl"), "--tokenizer", str(world / "tokenizer"), "--out", str(tasks),
-                       "--prefix-tokens", "12", "--continuation-tokens", "6", "--items", "16"]) == 0
+    assert tasks_main(["--data", str(world / "corpus/valid.jsonl"), "--tokenizer", str(world / "tokenizer"),
+                       "--out", str(tasks), "--prefix-tokens", "12", "--continuation-tokens", "6",
+                       "--items", "16"]) == 0
     out = tmp_path / "e.json"
-    assert main([str(checkpoint), "--suite", "local", "--tasks-dir", str(tasks), "--heldout", str(heldout), "--heldout-rows", "4",
-                 "--batch-size", "8", "--threads", "1", "--out", str(out)]) == 0
+    assert main([str(checkpoint), "--suite", "local", "--tasks-dir", str(tasks), "--heldout", str(heldout),
+                 "--heldout-rows", "4", "--batch-size", "8", "--threads", "1", "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["suite"] == "local" and set(record["tasks"]) == {"heldout_continuation", "heldout_shuffled"}
-    assert record["tasks"]["heldout_continuation"]["chance"] == 0.25 and record["tasks"]["heldout_shuffled"]["chance"] == 0.5
+    assert (record["tasks"]["heldout_continuation"]["chance"] == 0.25
+            and record["tasks"]["heldout_shuffled"]["chance"] == 0.5)
     values = [t["value"] for t in record["tasks"].values()]
-    assert all(0 <= v <= 1 for v in values) and record["aggregate"] == {"name": "Avg", "value": pytest.approx(sum(values) / 2)}
+    assert (all(0 <= v <= 1 for v in values)
+            and record["aggregate"] == {"name": "Avg", "value": pytest.approx(sum(values) / 2)})
     assert record["extra"]["perplexity"] > 1

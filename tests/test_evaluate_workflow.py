@@ -25,7 +25,8 @@ def dry_run(tmp_path, evaluate: dict) -> list[str]:
     return shell_commands(result.stdout)
 
 
-@pytest.mark.parametrize("evaluate", [{"suite": "local"}, {"suite": "none"}, {"suite": "local", "tasks_dir": "my/tasks"}],
+@pytest.mark.parametrize("evaluate",
+                         [{"suite": "local"}, {"suite": "none"}, {"suite": "local", "tasks_dir": "my/tasks"}],
                          ids=["local-built", "none", "local-own"])
 def test_a_hub_teacher_can_be_evaluated_offline(tmp_path, evaluate):
     commands = dry_run(tmp_path, evaluate)
@@ -33,7 +34,8 @@ def test_a_hub_teacher_can_be_evaluated_offline(tmp_path, evaluate):
     built = [c for c in commands if re.search(r"\blrc tasks\b", c)]
     assert len(evaluations) == 4  # the teacher and three students
     if evaluate == {"suite": "local"}:
-        assert built == [("lrc tasks --data results/llama3.2-3b/data/corpus/valid --tokenizer results/llama3.2-3b/teacher "
+        assert built == [("lrc tasks --data results/llama3.2-3b/data/corpus/valid "
+                          "--tokenizer results/llama3.2-3b/teacher "
                           "--out results/llama3.2-3b/tasks > logs/llama3.2-3b/tasks.log 2>&1")]
         assert all("--tasks-dir results/llama3.2-3b/tasks" in c and "--suite local" in c for c in evaluations)
         flags = set(re.findall(r"--([a-z][a-z0-9-]*)", built[0]))

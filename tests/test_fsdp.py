@@ -33,29 +33,30 @@ from tests.helpers import make_teacher, make_tokenizer, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "config" / "accelerate" / "fsdp-cpu2.yaml"
-ENV = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1", "TOKENIZERS_PARALLELISM": "false",
+ENV = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1",
+                    "TOKENIZERS_PARALLELISM": "false",
                     "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 STEPS, BATCH, MICRO, SEQ = 8, 8, 2, 16
 RTOL = ATOL = 1e-5
 _port = iter(range(29610, 29700))
 
 
-@pytest.fixture(scope="module", params=["llama-tied", "qwen2-untied"])
-def world(request, tmp_path_factory):
-    """A saved teacher, a corpus and a trained warm start (4 steps)."""
+def make_world(root: Path, kind: str) -> Path:
+    """A saved teacher, a corpus and a trained warm start (4 steps) in ``root``: the ``world`` fixture
+    (tests/conftest.py) of this module, test_zero and test_teacher_recompute."""
     from lrc.commands.distill import main_warmstart
 
-    root = tmp_path_factory.mktemp(request.param)
     tok = make_tokenizer(root / "tokenizer")  # beside the teacher: AutoTokenizer would swap Qwen2's class in
-    make_teacher(request.param, vocab_size=len(tok)).save_pretrained(root / "teacher")
+    make_teacher(kind, vocab_size=len(tok)).save_pretrained(root / "teacher")
     write_corpus(root / "data" / "train", tok, rows=48, seq_len=SEQ)
     assert main_warmstart(flags(root, root / "ws", "--student-hidden", "16", "--tokens", str(4 * BATCH * SEQ))) == 0
     return root
 
 
 def flags(root: Path, out: Path, *extra: str) -> list[str]:
-    return ["--teacher", str(root / "teacher"), "--data", str(root / "data"), "--out", str(out), "--batch-size", str(BATCH),
-            "--micro-batch-size", str(MICRO), "--lr", "3e-3", "--warmup", "0.1", "--log-every", "1", "--no-progress", "--threads", "1", *extra]
+    return ["--teacher", str(root / "teacher"), "--data", str(root / "data"), "--out", str(out),
+            "--batch-size", str(BATCH), "--micro-batch-size", str(MICRO), "--lr", "3e-3", "--warmup", "0.1",
+            "--log-every", "1", "--no-progress", "--threads", "1", *extra]
 
 
 def distill_flags(root: Path, out: Path, arm: str, steps: int = STEPS, *extra: str) -> list[str]:
@@ -63,11 +64,13 @@ def distill_flags(root: Path, out: Path, arm: str, steps: int = STEPS, *extra: s
     # and randcomp run with their parametrised implementation under FSDP (both processes counts
     # alike, so the comparison is like for like).
     impl = ["--core-impl", "parametrized"] if arm in COORDINATE_ARMS else []
-    return flags(root, out, "--warmstart", str(root / "ws"), "--arm", arm, "--tokens", str(steps * BATCH * SEQ), "--seed", "1", *impl, *extra)
+    return flags(root, out, "--warmstart", str(root / "ws"), "--arm", arm, "--tokens", str(steps * BATCH * SEQ),
+                 "--seed", "1", *impl, *extra)
 
 
 def launch(*args: str) -> list[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG), "--main_process_port", str(next(_port)), *args]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG),
+            "--main_process_port", str(next(_port)), *args]
 
 
 def run(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -95,14 +98,16 @@ def test_fsdp2_two_processes_follow_one_process(world, tmp_path, arm):
     from lrc.commands.distill import main_distill
 
     assert main_distill(distill_flags(world, tmp_path / "p1", arm)) == 0
-    run(launch("-m", "lrc.cli", "distill", *distill_flags(world, tmp_path / "p2", arm, STEPS, "--checkpoint-every", "4")))
+    run(launch("-m", "lrc.cli", "distill",
+               *distill_flags(world, tmp_path / "p2", arm, STEPS, "--checkpoint-every", "4")))
     s1 = json.loads((tmp_path / "p1" / "settings.json").read_text())["training"]
     s2 = json.loads((tmp_path / "p2" / "settings.json").read_text())["training"]
     assert (s1["num_processes"], s1["grad_accumulation"]) == (1, 4)
     assert (s2["num_processes"], s2["grad_accumulation"]) == (2, 2)
     assert losses(tmp_path / "p1")[-1] < losses(tmp_path / "p1")[0]  # it trained
     rel, diff = compare(tmp_path / "p1", tmp_path / "p2")
-    print(f"{world.name} {arm}: FSDP2 2 processes vs 1: max relative loss difference {rel:.2e}, max |weight difference| {diff:.2e}")
+    print(f"{world.name} {arm}: FSDP2 2 processes vs 1: max relative loss difference {rel:.2e}, "
+          f"max |weight difference| {diff:.2e}")
     assert rel < RTOL and diff < ATOL
     step = ckpt.latest_checkpoint(tmp_path / "p2.ckpt")  # accelerate's sharded (DCP) model and optimiser
     assert (step / "pytorch_model_fsdp_0" / ".metadata").is_file() and (step / "optimizer_0" / ".metadata").is_file()
@@ -160,7 +165,8 @@ def killed_and_restarted_equals_uninterrupted(cmd, tmp_path: Path) -> dict:
     run(cmd(tmp_path / "killed"))
     settings = json.loads((tmp_path / "killed" / "settings.json").read_text())["training"]
     assert settings["resumed_from"] and int(Path(settings["resumed_from"]).name.split("-")[1]) >= 5
-    a, b = load_file(str(tmp_path / "straight" / "student.safetensors")), load_file(str(tmp_path / "killed" / "student.safetensors"))
+    a, b = (load_file(str(tmp_path / "straight" / "student.safetensors")),
+            load_file(str(tmp_path / "killed" / "student.safetensors")))
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert losses(tmp_path / "straight") == losses(tmp_path / "killed")
     return a
@@ -170,7 +176,8 @@ def killed_and_restarted_equals_uninterrupted(cmd, tmp_path: Path) -> dict:
 @pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
 def test_fsdp2_killed_and_restarted_equals_uninterrupted(world, tmp_path):
     steps = 40
-    cmd = lambda out: launch("-m", "lrc.cli", "distill", *distill_flags(world, out, "core", steps, "--checkpoint-every", "5", "--log-every", "5"))  # noqa: E731
+    cmd = lambda out: launch("-m", "lrc.cli", "distill",  # noqa: E731
+                             *distill_flags(world, out, "core", steps, "--checkpoint-every", "5", "--log-every", "5"))
     a = killed_and_restarted_equals_uninterrupted(cmd, tmp_path)
     (tmp_path / "killed").rename(tmp_path / "killed.first")
     run(cmd(tmp_path / "killed"))  # the finished checkpoint directory: nothing retrained, same weights
@@ -182,8 +189,9 @@ def test_fsdp2_killed_and_restarted_equals_uninterrupted(world, tmp_path):
 def test_fsdp2_shards_the_student_parameters_and_replicates_teacher_and_buffers(world, tmp_path):
     """Trainable parameters: DTensors sharded on dim 0 across the 2 ranks. Student buffers (core's
     bases and reflectors; the teacher weights the parametrisations read are the objective
-    teacher's own) and the objective's teacher: full plain tensors on each rank. A tied student's embedding and head share one sharded factor, and
-    after training the student is a plain model again (full tensors, tie kept)."""
+    teacher's own) and the objective's teacher: full plain tensors on each rank. A tied student's
+    embedding and head share one sharded factor, and after training the student is a plain model
+    again (full tensors, tie kept)."""
     kind = world.name.rstrip("0123456789")
     run(launch(str(Path(__file__).resolve()), "placement", str(tmp_path), kind))
     for rank in (0, 1):
@@ -192,7 +200,8 @@ def test_fsdp2_shards_the_student_parameters_and_replicates_teacher_and_buffers(
         # bf16 mixed precision: FSDP2 keeps fp32 parameters and reductions, autocast computes in bf16
         assert seen["mixed"] == "bf16" and seen["param_dtype"] == seen["reduce_dtype"] == "None"
         assert seen["params"] and all(p["dtensor"] and p["placements"] == ["S(0)"] for p in seen["params"].values())
-        assert all(p["local_rows"] == -(-p["shape"][0] // 2) - (rank * (p["shape"][0] % 2)) for p in seen["params"].values())
+        assert all(p["local_rows"] == -(-p["shape"][0] // 2) - (rank * (p["shape"][0] % 2))
+                   for p in seen["params"].values())
         assert any("basis" in n for n in seen["buffers"]) and all(not b["dtensor"] for b in seen["buffers"].values())
         assert all(not t["dtensor"] and t["full"] for t in seen["teacher"].values())
         assert seen["after"]["dtensors"] == 0 and seen["after"]["plain_class"]
@@ -208,13 +217,16 @@ def test_fsdp2_plain_lm_follows_one_process(tmp_path):
 
     run_training(tmp_path / "p1", "lm")
     run([*launch(str(REPO / "tests" / "test_multiprocess.py"), str(tmp_path / "p2"), "lm")])
-    curve = lambda o: [json.loads(x)["loss"] for x in Path(json.loads((o / "summary.json").read_text())["metrics"]).read_text().splitlines()]  # noqa: E731
+    curve = lambda o: [json.loads(x)["loss"]  # noqa: E731
+                       for x in Path(json.loads((o / "summary.json").read_text())["metrics"]).read_text().splitlines()]
     c1, c2 = curve(tmp_path / "p1"), curve(tmp_path / "p2")
     assert len(c1) == len(c2) > 0 and c1[-1] < c1[0]
     rel = max(abs(a - b) / abs(a) for a, b in zip(c1, c2))
-    w1, w2 = load_file(str(tmp_path / "p1" / "weights.safetensors")), load_file(str(tmp_path / "p2" / "weights.safetensors"))
+    w1, w2 = (load_file(str(tmp_path / "p1" / "weights.safetensors")),
+              load_file(str(tmp_path / "p2" / "weights.safetensors")))
     diff = max(float((w1[n] - w2[n]).abs().max()) for n in w1)
-    print(f"plain LM: FSDP2 2 processes vs 1: max relative loss difference {rel:.2e}, max |weight difference| {diff:.2e}")
+    print(f"plain LM: FSDP2 2 processes vs 1: max relative loss difference {rel:.2e}, "
+          f"max |weight difference| {diff:.2e}")
     assert set(w1) == set(w2) and rel < RTOL and diff < ATOL
 
 
@@ -232,17 +244,21 @@ def placement(out: Path, kind: str) -> None:
     student = build_student(teacher, 16, seed=0)
     apply_arm(student, teacher, "core", core_impl="parametrized")
     objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
-    r = setup(objective, student, RandomTokens(rows=16), TrainArgs(tokens=0, batch_size=4, micro_batch_size=2, precision="bf16"), out / "ckpt")
-    desc = lambda t: {"dtensor": isinstance(t, DTensor), "shape": list(t.shape), "requires_grad": t.requires_grad,  # noqa: E731
+    r = setup(objective, student, RandomTokens(rows=16),
+              TrainArgs(tokens=0, batch_size=4, micro_batch_size=2, precision="bf16"), out / "ckpt")
+    desc = lambda t: {"dtensor": isinstance(t, DTensor), "shape": list(t.shape),  # noqa: E731
+                      "requires_grad": t.requires_grad,
                       "placements": [str(x) for x in t.placements] if isinstance(t, DTensor) else None,
                       "local_rows": int(t.to_local().shape[0]) if isinstance(t, DTensor) else None}
-    tied_of = lambda m: {id(p) for p in m.get_input_embeddings().parameters()} == {id(p) for p in m.lm_head.parameters()}  # noqa: E731
+    tied_of = lambda m: ({id(p) for p in m.get_input_embeddings().parameters()}  # noqa: E731
+                         == {id(p) for p in m.lm_head.parameters()})
     policy = r.accelerator.state.fsdp_plugin.mixed_precision_policy
-    seen = {"distributed_type": r.accelerator.distributed_type.name, "num_processes": r.accelerator.num_processes, "tied": tied_of(r.wrapped),
-            "mixed": r.mixed, "param_dtype": str(policy.param_dtype), "reduce_dtype": str(policy.reduce_dtype),
-            "params": {n: desc(p) for n, p in r.wrapped.named_parameters()},
+    seen = {"distributed_type": r.accelerator.distributed_type.name, "num_processes": r.accelerator.num_processes,
+            "tied": tied_of(r.wrapped), "mixed": r.mixed, "param_dtype": str(policy.param_dtype),
+            "reduce_dtype": str(policy.reduce_dtype), "params": {n: desc(p) for n, p in r.wrapped.named_parameters()},
             "buffers": {n: desc(b) for n, b in r.wrapped.named_buffers()},
-            "teacher": {n: desc(p) | {"full": tuple(p.shape) == tuple(dict(make_teacher(kind).named_parameters())[n].shape)}
+            "teacher": {n: desc(p)
+                        | {"full": tuple(p.shape) == tuple(dict(make_teacher(kind).named_parameters())[n].shape)}
                         for n, p in objective.teacher.named_parameters()}}
     sharding.unshard(r.wrapped)
     seen["after"] = {"dtensors": sum(isinstance(p, DTensor) for p in student.parameters()), "tied": tied_of(student),

@@ -66,7 +66,8 @@ def test_values_and_gradients_match_the_dense_reference(positions, reduction, ma
 
 def test_zero_ce_weight_still_reports_ce_and_drops_its_gradient():
     hs, w, ht, tw, ids, mask = _inputs(1)
-    total, ce, _ = fused_ce_kl(hs, w, ht, tw, ids, mask, temperature=2.0, kl_positions="all", ce_weight=0.0, chunk_rows=5)
+    total, ce, _ = fused_ce_kl(hs, w, ht, tw, ids, mask, temperature=2.0, kl_positions="all", ce_weight=0.0,
+                               chunk_rows=5)
     want_total, want_ce, want_kl = _reference(hs, w, ht, tw, ids, mask, 2.0, "all", "batchmean", 0.0, 1.0)
     torch.testing.assert_close(ce, want_ce, **TOL)
     torch.testing.assert_close(total, want_kl, **TOL)
@@ -83,7 +84,8 @@ def test_bad_shapes_and_options_are_named():
     with pytest.raises(LRCError, match="kl_reduction"):
         fused_ce_kl(hs, w, ht, tw, ids, temperature=1.0, kl_positions="all", kl_reduction="mean")
     with pytest.raises(LRCError, match="loss_impl"):
-        CloneObjective(make_teacher("llama-tied"), build_student(make_teacher("llama-tied"), 16), RecipeArgs(), loss_impl="dense")
+        CloneObjective(make_teacher("llama-tied"), build_student(make_teacher("llama-tied"), 16), RecipeArgs(),
+                       loss_impl="dense")
 
 
 @pytest.fixture
@@ -143,7 +145,8 @@ def test_kd_objective_fused_equals_reference(small_chunks, kind, reduction, mask
     teacher, student = make_teacher(kind, seed=0), make_teacher(kind, seed=1).train()
     params = list(student.parameters())
     batch = _batch(masked)
-    results = [_loss_and_grads(KDObjective(teacher, student, temperature=2.0, kl_reduction=reduction, loss_impl=impl), params, batch)
+    results = [_loss_and_grads(KDObjective(teacher, student, temperature=2.0, kl_reduction=reduction, loss_impl=impl),
+                               params, batch)
                for impl in ("fused", "reference")]
     _assert_same(*results)
 

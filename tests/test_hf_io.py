@@ -92,14 +92,19 @@ def test_pickled_teacher_is_refused_by_every_command_unless_allowed(world, tmp_p
     pickled = _pickled_copy(world / "teacher", tmp_path / "pickled")
     (tmp_path / "svd").mkdir()
     (tmp_path / "svd" / "earlier.txt").write_text("kept")
-    _fails(["svd", "--teacher", str(pickled), "--out", str(tmp_path / "svd")], capsys, "pytorch_model.bin", "--allow-pickle")
+    _fails(["svd", "--teacher", str(pickled), "--out", str(tmp_path / "svd")], capsys, "pytorch_model.bin",
+           "--allow-pickle")
     assert _snapshot(tmp_path / "svd") == {"earlier.txt": b"kept"}
     _fails(["merge", *_merge_args(world, tmp_path / "m", teacher=pickled)], capsys, "pytorch_model.bin")
-    _fails(["recover", "--teacher", str(pickled), "--merged", str(world / "merged"), "--out", str(tmp_path / "r")], capsys, "pytorch_model.bin")
-    _fails(["recover", "--teacher", str(world / "teacher"), "--merged", str(_pickled_copy(world / "merged", tmp_path / "pm")),
-            "--out", str(tmp_path / "r")], capsys, "pytorch_model.bin")
-    _fails(["audit", str(pickled), "--student-hidden", str(R), "--student", str(world / "merged")], capsys, "pytorch_model.bin")
-    _fails(["bench", "--teacher", str(pickled), "--student-hidden", str(R), "--out", str(tmp_path / "b.csv")], capsys, "pytorch_model.bin")
+    _fails(["recover", "--teacher", str(pickled), "--merged", str(world / "merged"), "--out", str(tmp_path / "r")],
+           capsys, "pytorch_model.bin")
+    _fails(["recover", "--teacher", str(world / "teacher"),
+            "--merged", str(_pickled_copy(world / "merged", tmp_path / "pm")), "--out", str(tmp_path / "r")],
+           capsys, "pytorch_model.bin")
+    _fails(["audit", str(pickled), "--student-hidden", str(R), "--student", str(world / "merged")], capsys,
+           "pytorch_model.bin")
+    _fails(["bench", "--teacher", str(pickled), "--student-hidden", str(R), "--out", str(tmp_path / "b.csv")], capsys,
+           "pytorch_model.bin")
     assert not any((tmp_path / d).exists() for d in ("m", "r", "b.csv"))
     # explicitly allowed: loaded (with torch.load(weights_only=True)), same bases as from safetensors
     assert lrc_main(["svd", "--teacher", str(pickled), "--out", str(tmp_path / "svd2"), "--allow-pickle"]) == 0
@@ -147,12 +152,14 @@ def test_truncated_teacher_and_config_that_is_not_json(world, tmp_path, capsys):
     _truncate(bad / "model.safetensors")
     (tmp_path / "svd").mkdir()
     (tmp_path / "svd" / "earlier.txt").write_text("kept")
-    _fails(["svd", "--teacher", str(bad), "--out", str(tmp_path / "svd")], capsys, str(bad / "model.safetensors"), "truncated")
+    _fails(["svd", "--teacher", str(bad), "--out", str(tmp_path / "svd")], capsys, str(bad / "model.safetensors"),
+           "truncated")
     _fails(["merge", *_merge_args(world, tmp_path / "m", teacher=bad)], capsys, str(bad / "model.safetensors"))
     assert _snapshot(tmp_path / "svd") == {"earlier.txt": b"kept"} and not (tmp_path / "m").exists()
     bad = _copy(world / "teacher", tmp_path / "teacher2")
     (bad / "config.json").write_text('{"model_type": "llama", "hidden_size": 32')  # cut short
-    _fails(["svd", "--teacher", str(bad), "--out", str(tmp_path / "svd")], capsys, str(bad / "config.json"), "not valid JSON")
+    _fails(["svd", "--teacher", str(bad), "--out", str(tmp_path / "svd")], capsys, str(bad / "config.json"),
+           "not valid JSON")
     _fails(["audit", str(bad), "--student-hidden", str(R)], capsys, str(bad / "config.json"))
     assert _snapshot(tmp_path / "svd") == {"earlier.txt": b"kept"}
 
@@ -181,7 +188,8 @@ def test_truncated_merged_model_is_named(world, tmp_path, capsys):
     _truncate(merged / "model.safetensors", 0.3)
     _fails(["recover", "--teacher", str(world / "teacher"), "--merged", str(merged), "--out", str(tmp_path / "r")],
            capsys, str(merged / "model.safetensors"))
-    _fails(["audit", str(world / "teacher"), "--student-hidden", str(R), "--student", str(merged), "--knockout", str(tmp_path / "k")],
+    _fails(["audit", str(world / "teacher"), "--student-hidden", str(R), "--student", str(merged),
+            "--knockout", str(tmp_path / "k")],
            capsys, str(merged / "model.safetensors"))
     assert not (tmp_path / "r").exists() and not (tmp_path / "k").exists()
     from lrc.commands.evaluate import load_model
@@ -196,7 +204,8 @@ def test_truncated_merged_model_is_named(world, tmp_path, capsys):
 def test_bases_record_the_teacher_fingerprint(world):
     bases = load_bases(world / "svd")
     teacher = load_teacher(world / "teacher")
-    assert bases.meta["teacher_fingerprint"] == teacher_fingerprint(teacher) == compute_bases(teacher).meta["teacher_fingerprint"]
+    assert (bases.meta["teacher_fingerprint"] == teacher_fingerprint(teacher)
+            == compute_bases(teacher).meta["teacher_fingerprint"])
     assert bases.meta["teacher"] == str(world / "teacher")
     assert teacher_fingerprint(load_teacher(world / "other")) != bases.meta["teacher_fingerprint"]
     load_bases(world / "svd", teacher)  # its own teacher: accepted
@@ -210,14 +219,17 @@ def test_bases_of_another_teacher_with_the_same_shapes_are_refused(world, tmp_pa
     assert lrc_main(["merge", *_merge_args(world, out)]) == 0
     before = _snapshot(out)
     wrong = world / "svd_other"
-    _fails(["merge", *_merge_args(world, out, bases=wrong)], capsys, str(wrong / BASES_FILE), "another teacher", str(world / "other"))
-    _fails(["audit", str(world / "teacher"), "--student-hidden", str(R), "--student", str(world / "merged"), "--bases", str(wrong)],
+    _fails(["merge", *_merge_args(world, out, bases=wrong)], capsys, str(wrong / BASES_FILE), "another teacher",
+           str(world / "other"))
+    _fails(["audit", str(world / "teacher"), "--student-hidden", str(R), "--student", str(world / "merged"),
+            "--bases", str(wrong)],
            capsys, str(wrong / BASES_FILE), "fingerprint")
     assert _snapshot(out) == before
     write_tokens(tmp_path / "tokens", np.arange(8 * 16).reshape(8, 16) % 97)
     with pytest.raises(LRCError, match="another teacher"):
-        main_distill(["--teacher", str(world / "teacher"), "--data", str(tmp_path / "tokens"), "--out", str(tmp_path / "d"),
-                      "--warmstart", str(world / "state"), "--bases", str(wrong), "--arm", "confined", "--tokens", "0"])
+        main_distill(["--teacher", str(world / "teacher"), "--data", str(tmp_path / "tokens"),
+                      "--out", str(tmp_path / "d"), "--warmstart", str(world / "state"), "--bases", str(wrong),
+                      "--arm", "confined", "--tokens", "0"])
     assert not (tmp_path / "d").exists()
 
 

@@ -83,8 +83,10 @@ def test_student_uses_the_top_r_directions(calibration):
     v = activation_basis(teacher, calibration)[0][:, :r].float()
     torch.testing.assert_close(student.model.embed_tokens.parametrizations.weight.original, v.T)
     g = teacher.model.layers[0].input_layernorm.weight
-    torch.testing.assert_close(student.model.layers[0].self_attn.q_proj.parametrizations.weight.original, (g[:, None] * v) * (H / r) ** 0.5)
-    assert student.lrc_info["init"] == "activations" and student.lrc_info["init_calibration_tokens"] == calibration.numel()
+    torch.testing.assert_close(student.model.layers[0].self_attn.q_proj.parametrizations.weight.original,
+                               (g[:, None] * v) * (H / r) ** 0.5)
+    assert (student.lrc_info["init"] == "activations"
+            and student.lrc_info["init_calibration_tokens"] == calibration.numel())
 
 
 def test_activations_init_refuses_missing_or_bad_calibration(calibration):
@@ -106,7 +108,8 @@ def test_warmstart_with_the_activations_init(tmp_path):
     make_teacher("llama-tied", vocab_size=len(tok)).save_pretrained(tmp_path / "teacher")
     write_corpus(tmp_path / "data" / "train", tok, rows=8, seq_len=16)
     common = ["--teacher", str(tmp_path / "teacher"), "--data", str(tmp_path / "data"), "--student-hidden", "16",
-              "--tokens", "0", "--batch-size", "2", "--micro-batch-size", "2", "--no-progress", "--threads", "1", "--init", "activations"]
+              "--tokens", "0", "--batch-size", "2", "--micro-batch-size", "2", "--no-progress", "--threads", "1",
+              "--init", "activations"]
     assert main_warmstart([*common, "--out", str(tmp_path / "ws"), "--init-tokens", "40"]) == 0
     meta = json.loads((tmp_path / "ws" / "lrc.json").read_text())
     assert meta["init"] == "activations" and meta["init_calibration_tokens"] == 48  # whole rows: 3 of 16

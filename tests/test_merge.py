@@ -77,7 +77,8 @@ def test_svd_and_merge_commands(tmp_path, capsys):
     bases = load_bases(tmp_path / "svd")
     student = trained_student(teacher, "core", bases)
     save_lrc_state(student, tmp_path / "state", tokens=0)
-    common = ["merge", "--state", str(tmp_path / "state"), "--teacher", str(tmp_path / "teacher"), "--bases", str(tmp_path / "svd")]
+    common = ["merge", "--state", str(tmp_path / "state"), "--teacher", str(tmp_path / "teacher"),
+              "--bases", str(tmp_path / "svd")]
     assert lrc_main(common + ["--out", str(tmp_path / "merged")]) == 0
     check = json.loads((tmp_path / "merged" / "merge_check.json").read_text())
     assert check["passed"] and check["arm"] == "core"
@@ -91,10 +92,12 @@ def test_svd_and_merge_commands(tmp_path, capsys):
     from lrc.io.tokens import write_tokens
 
     write_tokens(tmp_path / "tokens", np.arange(3 * 40).reshape(3, 40) % 97)
-    assert lrc_main(common + ["--data", str(tmp_path / "tokens"), "--out", str(tmp_path / "merged2"), "--check-len", "24"]) == 0
+    assert lrc_main(common + ["--data", str(tmp_path / "tokens"), "--out", str(tmp_path / "merged2"),
+                              "--check-len", "24"]) == 0
     assert json.loads((tmp_path / "merged2" / "merge_check.json").read_text())["check_batch_shape"] == [2, 24]
     write_tokens(tmp_path / "big", np.full((1, 8), 500))
     assert lrc_main(common + ["--data", str(tmp_path / "big"), "--out", str(tmp_path / "merged3")]) == 2
     assert "500" in capsys.readouterr().err and not (tmp_path / "merged3").exists()
-    assert lrc_main(["merge", "--state", str(tmp_path / "nothing"), "--teacher", str(tmp_path / "teacher"), "--out", str(tmp_path / "x")]) == 2
+    assert lrc_main(["merge", "--state", str(tmp_path / "nothing"), "--teacher", str(tmp_path / "teacher"),
+                     "--out", str(tmp_path / "x")]) == 2
     assert "lrc.json" in capsys.readouterr().err

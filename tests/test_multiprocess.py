@@ -53,7 +53,8 @@ def run_training(out: Path, kind: str) -> None:
     summary = train(objective, model, RandomTokens(rows=40), args, out)
     if is_main_process():
         out.mkdir(parents=True, exist_ok=True)  # train() writes only into its checkpoint directory
-        save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}, str(out / "weights.safetensors"))
+        save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad},
+                  str(out / "weights.safetensors"))
         (out / "summary.json").write_text(json.dumps(summary))
 
 
@@ -67,11 +68,13 @@ def _curve(out: Path) -> list[float]:
 def test_two_processes_follow_one_process(tmp_path, kind):
     from safetensors.torch import load_file
 
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests") + os.pathsep + str(REPO), "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1"}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests") + os.pathsep + str(REPO),
+                        "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1"}
     script = str(Path(__file__).resolve())
     subprocess.run([sys.executable, script, str(tmp_path / "p1"), kind], check=True, env=env, cwd=REPO, timeout=300)
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "config/accelerate/cpu2.yaml"),
-              "--main_process_port", "29533", script, str(tmp_path / "p2"), kind]
+    launch = [sys.executable, "-m", "accelerate.commands.launch",
+              "--config_file", str(REPO / "config/accelerate/cpu2.yaml"), "--main_process_port", "29533", script,
+              str(tmp_path / "p2"), kind]
     subprocess.run(launch, check=True, env=env, cwd=REPO, timeout=300)
 
     s1 = json.loads((tmp_path / "p1" / "summary.json").read_text())
@@ -87,7 +90,8 @@ def test_two_processes_follow_one_process(tmp_path, kind):
     rel = max(abs(a - b) / abs(a) for a, b in zip(c1, c2))
     print(f"max relative loss difference 1 vs 2 processes: {rel:.2e}")
     assert rel < 1e-4
-    w1, w2 = load_file(str(tmp_path / "p1" / "weights.safetensors")), load_file(str(tmp_path / "p2" / "weights.safetensors"))
+    w1, w2 = (load_file(str(tmp_path / "p1" / "weights.safetensors")),
+              load_file(str(tmp_path / "p2" / "weights.safetensors")))
     diff = max(float((w1[n] - w2[n]).abs().max()) for n in w1)
     print(f"max |weight difference| 1 vs 2 processes: {diff:.2e}")
     assert diff < 1e-4
@@ -128,7 +132,8 @@ def test_shipped_accelerate_configs_parse(name):
     from accelerate.commands.config.config_args import load_config_from_file
 
     cfg = load_config_from_file(str(REPO / "config" / "accelerate" / f"{name}.yaml"))
-    assert cfg.distributed_type.value == {"cpu2": "MULTI_GPU", "ddp": "MULTI_GPU", "fsdp": "FSDP", "fsdp-cpu2": "FSDP"}[name]
+    assert cfg.distributed_type.value == {"cpu2": "MULTI_GPU", "ddp": "MULTI_GPU", "fsdp": "FSDP",
+                                          "fsdp-cpu2": "FSDP"}[name]
     assert cfg.mixed_precision == ("no" if name in ("cpu2", "fsdp-cpu2") else "bf16")
     if name.startswith("fsdp"):
         assert int(cfg.fsdp_config["fsdp_version"]) == 2

@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Llama-shaped, tied, a vocabulary large enough that the loss's [B, L, V] tensors weigh as
 # they do at paper scale; small enough for a step in seconds on one thread.
-SMALL = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 32000, "tie_word_embeddings": True, "rms_norm_eps": 1e-5,
-         "max_position_embeddings": 1024}
+SMALL = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 32000,
+         "tie_word_embeddings": True, "rms_norm_eps": 1e-5, "max_position_embeddings": 1024}
 
 
 @pytest.fixture()
@@ -46,15 +46,17 @@ def _measured(spec_values: dict, tmp_path: Path) -> int:
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec_values))
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "lrc.training.memory", str(spec_file)], capture_output=True, text=True, env=env, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "lrc.training.memory", str(spec_file)], capture_output=True, text=True,
+                          env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak"]
 
 
-@pytest.mark.parametrize("arm,checkpointed,micro_batches", [("slice", False, 1), ("dense", False, 1), ("slice", True, 1), ("dense", False, 3)])
+@pytest.mark.parametrize("arm,checkpointed,micro_batches",
+                         [("slice", False, 1), ("dense", False, 1), ("slice", True, 1), ("dense", False, 3)])
 def test_traced_peak_matches_the_measured_peak_of_a_real_step(arm, checkpointed, micro_batches, small_config, tmp_path):
-    values = {"student_hidden": 128, "arm": arm, "micro_batch_size": 2, "seq_len": 512, "precision": "fp32", "activation_checkpointing": checkpointed,
-              "micro_batches": micro_batches}
+    values = {"student_hidden": 128, "arm": arm, "micro_batch_size": 2, "seq_len": 512, "precision": "fp32",
+              "activation_checkpointing": checkpointed, "micro_batches": micro_batches}
     predicted = trace_step(StepSpec(teacher_config=load_model_config(small_config), **values))
     measured = _measured(values | {"teacher_config": str(small_config)}, tmp_path)
     # The measure is the whole process's resident memory (allocator slack, autograd's
@@ -72,14 +74,16 @@ def test_accumulated_micro_batches_hold_the_gradients_through_the_next_forward(s
     """From the second micro-batch of a step on, every fp32 gradient is alive while the next
     forward runs: with accumulation the peak is one step's plus the gradients (dense, whose
     gradients are dead at a one-micro-batch step's peak)."""
-    spec = dict(teacher_config=load_model_config(small_config), student_hidden=128, arm="dense", micro_batch_size=2, seq_len=256)
+    spec = dict(teacher_config=load_model_config(small_config), student_hidden=128, arm="dense", micro_batch_size=2,
+                seq_len=256)
     one, three = trace_step(StepSpec(**spec)), trace_step(StepSpec(**spec, micro_batches=3))
     assert one["parts"]["gradients"] == 0 and three["parts"]["gradients"] == three["parts"]["student_weights"] > 0
     assert three["peak"] - one["peak"] == pytest.approx(three["parts"]["gradients"], abs=4096)  # (and a few scalars)
 
 
 def _planner(config: Path, memory_gib: float) -> Planner:
-    args = PlanArgs(teacher_config=config, student_hidden=128, micro_batch_size=2, seq_len=256, precision="fp32", memory_gib=memory_gib)
+    args = PlanArgs(teacher_config=config, student_hidden=128, micro_batch_size=2, seq_len=256, precision="fp32",
+                    memory_gib=memory_gib)
     return Planner(args, resolve(args), "slice")
 
 
@@ -96,30 +100,34 @@ def test_the_search_finds_the_largest_micro_batch_that_fits(small_config):
 def test_fsdp_shards_the_trainable_state_and_keeps_the_teacher():
     trace = {"parts": {"student_weights": 800, "teacher": 1000, "gradients": 800, "optimizer": 1600, "activations": 50,
                        "loss_workspace": 70, "backward_temp": 0, "other": 0}, "largest_group_bytes": 10}
-    setting = Setting(teacher_config=Path("t.json"), student_hidden=1, micro_batch_size=1, seq_len=1, precision="bf16", gpus=8, sharding="fsdp")
+    setting = Setting(teacher_config=Path("t.json"), student_hidden=1, micro_batch_size=1, seq_len=1, precision="bf16",
+                      gpus=8, sharding="fsdp")
     out = per_gpu(trace, setting)
-    assert out["parts"]["student_weights"] == 100 + 10 and out["parts"]["gradients"] == 100 + 10 and out["parts"]["optimizer"] == 200
+    assert (out["parts"]["student_weights"] == 100 + 10 and out["parts"]["gradients"] == 100 + 10
+            and out["parts"]["optimizer"] == 200)
     assert out["parts"]["teacher"] == 1000 and out["peak"] == sum(out["parts"].values())
     ddp = per_gpu(trace, Setting(**{**setting.__dict__, "sharding": "ddp"}))
     assert ddp["parts"] == trace["parts"]
     # at the end of the loss the one-process trace has no gradient alive; DDP's buckets hold them all
     before_backward = {"parts": {**trace["parts"], "gradients": 0}}
     assert per_gpu(before_backward, Setting(**{**setting.__dict__, "sharding": "ddp"}))["parts"]["gradients"] == 800
-    assert per_gpu(before_backward, Setting(**{**setting.__dict__, "sharding": "ddp", "gpus": 1}))["parts"]["gradients"] == 0
+    assert per_gpu(before_backward,
+                   Setting(**{**setting.__dict__, "sharding": "ddp", "gpus": 1}))["parts"]["gradients"] == 0
 
 
 @pytest.mark.parametrize("arm", ["dense", "core"])
 def test_sharded_optimizer_states_are_rank_zeros_share(arm, small_config):
     """--shard-optimizer traces process 0 of 4 holding its quarter of the states (the
     weights whole); the parameters are divided by size, so about a quarter of the bytes."""
-    values = {"teacher_config": load_model_config(small_config), "student_hidden": 128, "arm": arm, "micro_batch_size": 1, "seq_len": 64,
-              "precision": "fp32", "processes": 4}
+    values = {"teacher_config": load_model_config(small_config), "student_hidden": 128, "arm": arm,
+              "micro_batch_size": 1, "seq_len": 64, "precision": "fp32", "processes": 4}
     whole, share = trace_step(StepSpec(**values)), trace_step(StepSpec(**values, shard_optimizer=True))
     assert share["parts"]["student_weights"] == whole["parts"]["student_weights"]
     ratio = share["parts"]["optimizer"] / whole["parts"]["optimizer"]
     assert 0.2 < ratio < 0.35, ratio
     with pytest.raises(LRCError, match="--shard-optimizer"):
-        resolve(PlanArgs(teacher_config=small_config, student_hidden=128, micro_batch_size=1, seq_len=64, sharding="fsdp", shard_optimizer=True))
+        resolve(PlanArgs(teacher_config=small_config, student_hidden=128, micro_batch_size=1, seq_len=64,
+                         sharding="fsdp", shard_optimizer=True))
 
 
 def test_a_paper_config_gives_its_distill_settings(tmp_path):
@@ -130,10 +138,11 @@ def test_a_paper_config_gives_its_distill_settings(tmp_path):
     path = tmp_path / "llama3.2-3b.yaml"
     path.write_text(yaml.safe_dump(config))
     setting = resolve(PlanArgs(workflow_config=path))
-    assert (setting.student_hidden, setting.micro_batch_size, setting.seq_len, setting.precision, setting.gpus, setting.sharding) == (
-        1536, exp["distill"]["train"]["micro_batch_size"], 2048, "bf16", 8, "ddp")
+    assert (setting.student_hidden, setting.micro_batch_size, setting.seq_len, setting.precision, setting.gpus,
+            setting.sharding) == (1536, exp["distill"]["train"]["micro_batch_size"], 2048, "bf16", 8, "ddp")
     assert setting.teacher_config == Path("config/teachers/llama3.2-3b.json")
-    assert (setting.activation_checkpointing, setting.loss_impl) == (exp["distill"]["train"].get("activation_checkpointing", False), "fused")
+    assert (setting.activation_checkpointing, setting.loss_impl) == (
+        exp["distill"]["train"].get("activation_checkpointing", False), "fused")
     assert resolve(PlanArgs(workflow_config=path, activation_checkpointing=True)).activation_checkpointing is True
     assert setting.shard_optimizer is exp["distill"]["train"].get("shard_optimizer", False)
 
@@ -148,8 +157,8 @@ def test_the_accumulation_follows_the_configs_batch_at_the_plans_micro_batch_and
 
 def test_the_command_prints_a_table_and_writes_json(small_config, tmp_path, capsys):
     out = tmp_path / "plan.json"
-    assert main(["--teacher-config", str(small_config), "--student-hidden", "128", "--micro-batch-size", "1", "--seq-len", "128",
-                 "--arms", "slice", "--no-search", "--out", str(out)]) == 0
+    assert main(["--teacher-config", str(small_config), "--student-hidden", "128", "--micro-batch-size", "1",
+                 "--seq-len", "128", "--arms", "slice", "--no-search", "--out", str(out)]) == 0
     assert "| slice | 1 |" in capsys.readouterr().out
     assert json.loads(out.read_text())["rows"][0]["arm"] == "slice"
 
@@ -161,7 +170,8 @@ def test_the_command_prints_a_table_and_writes_json(small_config, tmp_path, caps
     (["--teacher-config", "/nonexistent/teacher.json"], "--teacher-config"),
 ])
 def test_bad_options_are_errors_naming_the_option(argv, option, small_config):
-    base = {"--teacher-config": str(small_config), "--student-hidden": "64", "--micro-batch-size": "1", "--seq-len": "64"}
+    base = {"--teacher-config": str(small_config), "--student-hidden": "64", "--micro-batch-size": "1",
+            "--seq-len": "64"}
     for flag, value in zip(argv[::2], argv[1::2]):
         base[flag] = value
     with pytest.raises(LRCError, match=option):

@@ -1,4 +1,5 @@
-"""settings.json names the machine: the CPU's instruction set moves results (README, "Reproducibility")."""
+"""settings.json names the machine: the CPU's instruction set moves results (docs/results.md, "Why
+the machine and the libraries move this table")."""
 
 import json
 

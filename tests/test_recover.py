@@ -35,7 +35,8 @@ def test_a_non_lrc_model_is_reported(tmp_path, capsys):
     # a random model of the student's shape: not generated from this teacher
     torch.manual_seed(5)
     Qwen2ForCausalLM(build_student(teacher, 16).config).save_pretrained(tmp_path / "random")
-    argv = ["recover", "--teacher", str(tmp_path / "teacher"), "--merged", str(tmp_path / "random"), "--out", str(tmp_path / "out")]
+    argv = ["recover", "--teacher", str(tmp_path / "teacher"), "--merged", str(tmp_path / "random"),
+            "--out", str(tmp_path / "out")]
     assert lrc_main(argv) == 0
     err = capsys.readouterr().err
     assert "WARNING" in err and "not an LRC student" in err
@@ -50,7 +51,8 @@ def test_recover_command_on_a_true_lrc_student(tmp_path, token_batch):
     teacher.save_pretrained(tmp_path / "teacher")
     student = build_student(teacher, 12, seed=2)
     save_merged(student, tmp_path / "m", check_ids=token_batch)
-    assert lrc_main(["recover", "--teacher", str(tmp_path / "teacher"), "--merged", str(tmp_path / "m"), "--out", str(tmp_path / "s")]) == 0
+    assert lrc_main(["recover", "--teacher", str(tmp_path / "teacher"), "--merged", str(tmp_path / "m"),
+                     "--out", str(tmp_path / "s")]) == 0
     report = json.loads((tmp_path / "s" / "recover.json").read_text())
     assert report["is_lrc_student"] and report["max_relative_residual"] < 1e-6
     again = load_lrc_state(tmp_path / "s", teacher)

@@ -78,16 +78,19 @@ def test_pretrain_same_seed_same_weights_and_outputs(tmp_path):
     tok = make_tokenizer(tmp_path / "tok")
     write_corpus(tmp_path / "data", tok, rows=16, seq_len=16)
     write_llama_config(tmp_path / "config.json", len(tok))
-    common = ["--model-config", str(tmp_path / "config.json"), "--tokenizer", str(tmp_path / "tok"), "--data", str(tmp_path / "data"),
-              "--tokens", str(5 * 4 * 16), "--batch-size", "4", "--micro-batch-size", "4", "--lr", "1e-3", "--no-progress", "--log-every", "1"]
+    common = ["--model-config", str(tmp_path / "config.json"), "--tokenizer", str(tmp_path / "tok"),
+              "--data", str(tmp_path / "data"), "--tokens", str(5 * 4 * 16), "--batch-size", "4",
+              "--micro-batch-size", "4", "--lr", "1e-3", "--no-progress", "--log-every", "1"]
     for name in ("a", "b"):
         assert main(common + ["--out", str(tmp_path / name)]) == 0
     a, b = (load_file(str(tmp_path / n / "model.safetensors")) for n in ("a", "b"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     out = tmp_path / "a"
-    assert {"config.json", "model.safetensors", "tokenizer.json", "settings.json", "metrics.jsonl"} <= {p.name for p in out.iterdir()}
+    assert ({"config.json", "model.safetensors", "tokenizer.json", "settings.json", "metrics.jsonl"}
+            <= {p.name for p in out.iterdir()})
     settings = json.loads((out / "settings.json").read_text())
-    assert settings["command"] == "pretrain" and settings["settings"]["tokens"] == 320 and settings["training"]["steps"] == 5
+    assert (settings["command"] == "pretrain" and settings["settings"]["tokens"] == 320
+            and settings["training"]["steps"] == 5)
     from transformers import AutoModelForCausalLM
 
     reloaded = AutoModelForCausalLM.from_pretrained(out)

@@ -18,7 +18,8 @@ R = 16
 
 def order(seed: int, rows: int = 40, steps: int = 10) -> list[int]:
     """Every row the run reads, in order (one process, 4 sequences per step, 2 epochs)."""
-    sampler = StepBatches(rows, seed=seed, batch_size=4, micro_batch_size=4, num_processes=1, process_index=0, start_step=0, steps=steps * 2)
+    sampler = StepBatches(rows, seed=seed, batch_size=4, micro_batch_size=4, num_processes=1, process_index=0,
+                          start_step=0, steps=steps * 2)
     return [row for batch in sampler for row in batch]
 
 

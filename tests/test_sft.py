@@ -15,7 +15,8 @@ PEOPLE = 12
 
 
 def chat(i: int) -> list[dict]:
-    return [{"role": "user", "content": f"What does person {i} do?"}, {"role": "assistant", "content": JOBS[(i * 7) % 3]}]
+    return [{"role": "user", "content": f"What does person {i} do?"},
+            {"role": "assistant", "content": JOBS[(i * 7) % 3]}]
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +30,12 @@ def world(tmp_path_factory):
     tok = make_tokenizer(root / "tok")
     src = root / "chats.jsonl"
     src.write_text("".join(json.dumps({"messages": chat(i)}) + "\n" for i in range(PEOPLE)))
-    assert tokenize(["--tokenizer", str(root / "tok"), "--source", str(src), "--out", str(root / "data"), "--seq-len", "24",
-                     "--chat", "--chat-layout", "pad", "--valid-rows", "1"]) == 0
+    assert tokenize(["--tokenizer", str(root / "tok"), "--source", str(src), "--out", str(root / "data"),
+                     "--seq-len", "24", "--chat", "--chat-layout", "pad", "--valid-rows", "1"]) == 0
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      tie_word_embeddings=True)
     LlamaForCausalLM(cfg).save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
     return root, tok
@@ -78,13 +80,15 @@ def test_sft_raises_the_answers_and_counts_only_answer_tokens(world, tmp_path):
     out = tmp_path / "sft"
     data = TokenDataset(root / "data" / "train")
     assert main(["--model", str(root / "base"), "--data", str(root / "data"), "--out", str(out), "--epochs", "40",
-                 "--batch-size", "4", "--micro-batch-size", "4", "--lr", "3e-3", "--log-every", "1", "--no-progress", "--threads", "1"]) == 0
+                 "--batch-size", "4", "--micro-batch-size", "4", "--lr", "3e-3", "--log-every", "1", "--no-progress",
+                 "--threads", "1"]) == 0
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 40 * len(data) // 4
 
     # The first step's logged loss is the base model's CE on that batch's answer tokens only.
     base = AutoModelForCausalLM.from_pretrained(root / "base").eval()
-    rows = next(iter(StepBatches(len(data), seed=0, batch_size=4, micro_batch_size=4, num_processes=1, process_index=0, start_step=0, steps=1)))
+    rows = next(iter(StepBatches(len(data), seed=0, batch_size=4, micro_batch_size=4, num_processes=1, process_index=0,
+                                 start_step=0, steps=1)))
     batch = {k: torch.stack([data[r][k] for r in rows]) for k in ("input_ids", "loss_mask")}
     assert 0 < int(batch["loss_mask"].sum()) < batch["loss_mask"].numel() // 3
     with torch.no_grad():

@@ -25,8 +25,9 @@ from tests.test_workflow import COPY_IGNORE, ROOT
 pytestmark = pytest.mark.slurm
 
 # Local-cluster settings given on the command line; the profile is left as the cluster's.
-LOCAL_FLAGS = ["--slurm-status-command", "squeue", "--slurm-no-account", "--slurm-init-seconds-before-status-checks", "5",
-               "--seconds-between-status-checks", "5", "--latency-wait", "10", "--jobs", "2", "--slurm-keep-successful-logs"]
+LOCAL_FLAGS = ["--slurm-status-command", "squeue", "--slurm-no-account", "--slurm-init-seconds-before-status-checks",
+               "5", "--seconds-between-status-checks", "5", "--latency-wait", "10", "--jobs", "2",
+               "--slurm-keep-successful-logs"]
 
 
 def cluster_up() -> bool:
@@ -34,7 +35,8 @@ def cluster_up() -> bool:
         out = subprocess.run(["sinfo", "-h", "-o", "%a %T"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return out.returncode == 0 and any(s.startswith("up ") and s.split()[1].startswith(("idle", "mix", "alloc")) for s in out.stdout.splitlines())
+    return out.returncode == 0 and any(s.startswith("up ") and s.split()[1].startswith(("idle", "mix", "alloc"))
+                                       for s in out.stdout.splitlines())
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +51,17 @@ def slurm():
 def test_test_chain_through_the_slurm_profile(slurm, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(ROOT, repo, ignore=COPY_IGNORE)
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/slurm", *LOCAL_FLAGS, "results/table1.csv", "--configfile", "config/test.yaml"]
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                        "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/slurm", *LOCAL_FLAGS, "results/table1.csv",
+           "--configfile", "config/test.yaml"]
     run = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=2400, env=env)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-6000:]
     stats = log.split("Job stats:", 1)[1].split("\n\n", 1)[0] if "Job stats:" in log else ""
     submitted = [line for line in log.splitlines() if "has been submitted with SLURM jobid" in line]
-    jobs = sum(int(line.split()[-1]) for line in stats.splitlines()[3:] if line.split() and line.split()[-1].isdigit() and line.split()[0] != "total")
+    jobs = sum(int(line.split()[-1]) for line in stats.splitlines()[3:]
+               if line.split() and line.split()[-1].isdigit() and line.split()[0] != "total")
     print("Job stats:" + stats)
     print(f"{len(submitted)} sbatch submissions, e.g. {submitted[0].strip() if submitted else None}")
     print("\n".join(log.splitlines()[-4:]))

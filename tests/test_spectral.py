@@ -169,8 +169,11 @@ def test_svd_command_lives_in_lrc_svd_and_the_method_imports_no_command_module()
     from lrc.cli import COMMANDS
 
     assert COMMANDS["svd"][0] == "lrc.commands.svd"
-    code = ("import sys; import lrc.method.spectral, lrc.method.reach, lrc.method.student, lrc.method.clone, lrc.method.objectives; "
-            "bad = sorted(m for m in sys.modules if m in ('lrc.cli', 'lrc.commands.svd', 'lrc.training.loop', 'lrc.commands.distill', 'lrc.commands.merge', "
-            "'lrc.commands.audit', 'lrc.commands.recover', 'lrc.commands.bench', 'lrc.commands.sft', 'lrc.commands.pretrain', 'lrc.commands.evaluate', 'lrc.commands.tokenize')); print(bad)")
+    code = ("import sys; import lrc.method.spectral, lrc.method.reach, lrc.method.student, lrc.method.clone, "
+            "lrc.method.objectives; "
+            "bad = sorted(m for m in sys.modules if m in ('lrc.cli', 'lrc.commands.svd', 'lrc.training.loop', "
+            "'lrc.commands.distill', 'lrc.commands.merge', "
+            "'lrc.commands.audit', 'lrc.commands.recover', 'lrc.commands.bench', 'lrc.commands.sft', "
+            "'lrc.commands.pretrain', 'lrc.commands.evaluate', 'lrc.commands.tokenize')); print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", out

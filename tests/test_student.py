@@ -136,6 +136,7 @@ def test_unsupported_architecture_and_init():
 def test_residual_side_biases_are_refused():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4, attention_bias=True)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                      attention_bias=True)
     with pytest.raises(LRCError, match="o_proj"):
         build_student(LlamaForCausalLM(cfg), 16)

@@ -14,10 +14,11 @@ from lrc.errors import LRCError
 from lrc.io.suites import load_suite
 
 OBJECTS = ["json.dumps", "json.loads", "re.sub", "re.split", "textwrap.wrap", "textwrap.dedent", "functools.reduce",
-           "functools.lru_cache", "itertools.groupby", "collections.Counter", "collections.OrderedDict", "shutil.copytree",
-           "shutil.rmtree", "os.walk", "os.makedirs", "argparse.ArgumentParser", "subprocess.run", "heapq.merge",
-           "bisect.insort_right", "difflib.SequenceMatcher", "statistics.median", "random.shuffle", "tempfile.mkdtemp",
-           "zipfile.ZipFile", "string.Formatter", "logging.basicConfig", "pprint.pformat", "calendar.monthrange"]
+           "functools.lru_cache", "itertools.groupby", "collections.Counter", "collections.OrderedDict",
+           "shutil.copytree", "shutil.rmtree", "os.walk", "os.makedirs", "argparse.ArgumentParser", "subprocess.run",
+           "heapq.merge", "bisect.insort_right", "difflib.SequenceMatcher", "statistics.median", "random.shuffle",
+           "tempfile.mkdtemp", "zipfile.ZipFile", "string.Formatter", "logging.basicConfig", "pprint.pformat",
+           "calendar.monthrange"]
 
 
 def docstrings() -> list[str]:
@@ -60,8 +61,9 @@ def make(corpus, out, *extra):
 def test_tasks_from_text_are_well_formed_and_deterministic(corpus, tmp_path):
     _, docs = corpus
     out = make(corpus, tmp_path / "a")
-    assert sorted(p.name for p in out.iterdir()) == ["heldout_continuation.jsonl", "heldout_continuation.yaml", "heldout_shuffled.jsonl",
-                                                      "heldout_shuffled.yaml", "settings.json", "suite.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == [".lrc-output", "heldout_continuation.jsonl",
+                                                     "heldout_continuation.yaml", "heldout_shuffled.jsonl",
+                                                     "heldout_shuffled.yaml", "settings.json", "suite.yaml"]
     continuation = read(out, "heldout_continuation")
     assert len(continuation) == len(docs)  # one question per document
     golds = set()
@@ -73,7 +75,8 @@ def test_tasks_from_text_are_well_formed_and_deterministic(corpus, tmp_path):
         assert true[:1].isspace()  # cut before a word, not inside one
         for k, other in enumerate(q["choices"]):
             if k != q["gold"]:  # a distractor: another document's span, not this one's
-                assert any(other in d for d in docs if d is not source[0]) and not source[0][len(q["context"]):].startswith(other)
+                assert (any(other in d for d in docs if d is not source[0])
+                        and not source[0][len(q["context"]):].startswith(other))
         golds.add(q["gold"])
     assert golds == {0, 1, 2, 3}  # the gold position varies
     for q in read(out, "heldout_shuffled"):
@@ -88,7 +91,8 @@ def test_tasks_from_text_are_well_formed_and_deterministic(corpus, tmp_path):
     assert config["dataset_kwargs"]["data_files"]["test"] == str((out / "heldout_continuation.jsonl").resolve())
     # The same data and seed: the same questions; another seed: others.
     again = make(corpus, tmp_path / "b")
-    assert read(again, "heldout_continuation") == continuation and read(again, "heldout_shuffled") == read(out, "heldout_shuffled")
+    assert (read(again, "heldout_continuation") == continuation
+            and read(again, "heldout_shuffled") == read(out, "heldout_shuffled"))
     other = make(corpus, tmp_path / "c", "--seed", "1", "--items", "5", "--kinds", "continuation")
     assert len(read(other, "heldout_continuation")) == 5 and not (other / "heldout_shuffled.jsonl").exists()
     assert read(other, "heldout_continuation") != continuation[:5]
@@ -99,7 +103,8 @@ def test_token_rows_give_tasks_from_the_heldout_split_only(corpus, tmp_path):
 
     root, docs = corpus
     data = tmp_path / "data"
-    tokenize(TokenizeArgs(tokenizer=str(root / "tokenizer"), source=str(root / "docs.jsonl"), out=data, seq_len=64, valid_fraction=0.3))
+    tokenize(TokenizeArgs(tokenizer=str(root / "tokenizer"), source=str(root / "docs.jsonl"), out=data, seq_len=64,
+                          valid_fraction=0.3))
     valid = [d for i, d in enumerate(docs) if _in_valid(i, 0.3)]
     train = [d for i, d in enumerate(docs) if not _in_valid(i, 0.3)]
     assert valid and train
@@ -112,7 +117,8 @@ def test_token_rows_give_tasks_from_the_heldout_split_only(corpus, tmp_path):
     # Each context is the start of a document split off into valid/ (decoded from its token
     # rows, split at the separators); the training documents gave none.
     for q in questions:
-        assert any(d.startswith(q["context"].strip()) for d in valid) and not any(q["context"].strip() in d for d in train)
+        assert (any(d.startswith(q["context"].strip()) for d in valid)
+                and not any(q["context"].strip() in d for d in train))
         assert all(any(c.strip() in d for d in valid) for c in q["choices"])  # distractors: held out too
     assert settings["documents"] == len(valid)
     with pytest.raises(LRCError, match="training split"):

@@ -68,12 +68,14 @@ def test_a_deep_copy_of_the_student_reads_the_same_teacher():
     teacher = make_teacher("llama-untied")
     student = build_student(teacher, R)
     twin = copy.deepcopy(student)
-    assert twin.model.layers[0].self_attn.q_proj.parametrizations.weight[0].frozen is teacher.model.layers[0].self_attn.q_proj.weight
+    assert (twin.model.layers[0].self_attn.q_proj.parametrizations.weight[0].frozen
+            is teacher.model.layers[0].self_attn.q_proj.weight)
     assert torch.equal(twin.model.layers[0].self_attn.q_proj.weight, student.model.layers[0].self_attn.q_proj.weight)
 
 
 def _batch(vocab: int = 97) -> dict:
-    ids = torch.randint(0, vocab, (3, 7), generator=torch.Generator().manual_seed(3))  # 21 tokens: no activation of a teacher shape
+    # 21 tokens: no activation of a teacher shape
+    ids = torch.randint(0, vocab, (3, 7), generator=torch.Generator().manual_seed(3))
     return {"input_ids": ids, "loss_mask": torch.ones_like(ids, dtype=torch.bool)}
 
 
@@ -100,7 +102,8 @@ def test_bf16_autocast_saves_no_cast_of_a_teacher_weight(kind):
     teacher_sized = [t for t in saved if t.dim() == 2 and tuple(t.shape) in shapes]
     # Every teacher-sized tensor autograd saves is the teacher's own (a view of it, bf16),
     # and each matrix the student reads is saved (so the check looks where the casts were).
-    assert teacher_sized and all(t.untyped_storage().data_ptr() in own and t.dtype == torch.bfloat16 for t in teacher_sized)
+    assert teacher_sized and all(t.untyped_storage().data_ptr() in own and t.dtype == torch.bfloat16
+                                 for t in teacher_sized)
     assert len(_storages(teacher_sized)) == len(own)
     assert all(p.grad is not None for p in student.parameters() if p.requires_grad)
 
@@ -119,7 +122,8 @@ def _twin_students(kind: str, arm: str, core_impl: str):
     return t32, t16, students
 
 
-@pytest.mark.parametrize("arm,core_impl", [(a, "optimizer") for a in ARMS] + [("core", "parametrized"), ("randcomp", "parametrized")])
+@pytest.mark.parametrize("arm,core_impl",
+                         [(a, "optimizer") for a in ARMS] + [("core", "parametrized"), ("randcomp", "parametrized")])
 @pytest.mark.parametrize("kind", ["llama-tied", "qwen2-untied"])
 def test_a_bf16_teacher_gives_the_fp32_teachers_autocast_results(kind, arm, core_impl):
     """Under bf16 autocast the fp32 teacher's weights (what the student's fp32 copies were)
@@ -156,8 +160,8 @@ def test_the_plan_counts_each_teacher_weight_once_in_bf16():
     cast_weights(teacher, torch.bfloat16)  # as placed on a GPU: bf16 weights, fp32 rotary tables
     frozen = [p for p in student.parameters() if not p.requires_grad] + [b for b in student.buffers() if b.dim() < 2]
     expected = sum(t.nbytes for t in [*teacher.parameters(), *teacher.buffers(), *frozen])
-    result = trace_step(StepSpec(teacher_config=teacher.config, student_hidden=R, arm="slice", micro_batch_size=1, seq_len=32,
-                                 precision="bf16"))
+    result = trace_step(StepSpec(teacher_config=teacher.config, student_hidden=R, arm="slice", micro_batch_size=1,
+                                 seq_len=32, precision="bf16"))
     assert result["parts"]["teacher"] == expected
 
 
@@ -168,8 +172,9 @@ def test_a_bf16_teacher_keeps_its_rotary_frequencies_in_fp32():
     Module.to(bf16) turns some by radians."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
-                      head_dim=128, vocab_size=16, rope_theta=500000.0, max_position_embeddings=2048)
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
+                      num_key_value_heads=1, head_dim=128, vocab_size=16, rope_theta=500000.0,
+                      max_position_embeddings=2048)
     torch.manual_seed(0)
     fp32 = LlamaForCausalLM(cfg)
     positions = torch.arange(2048)[None]

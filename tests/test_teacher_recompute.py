@@ -18,7 +18,6 @@ from lrc.training import recompute
 from lrc.training.loop import TrainArgs
 from lrc.training.memory import StepSpec, trace_step
 from tests.helpers import make_teacher
-from tests.test_fsdp import world  # noqa: F401 (the fixture)
 from tests.test_recompute import ARMS, _batch, _student, fit
 
 
@@ -35,7 +34,8 @@ def _loss_and_grads(student, objective, rerun_teacher):
 
 def _teacher_layer_runs(teacher):
     runs = [0]
-    handles = [layer.input_layernorm.register_forward_hook(lambda *_: runs.__setitem__(0, runs[0] + 1)) for layer in teacher.model.layers]
+    handles = [layer.input_layernorm.register_forward_hook(lambda *_: runs.__setitem__(0, runs[0] + 1))
+               for layer in teacher.model.layers]
     return runs, handles
 
 
@@ -101,10 +101,12 @@ def _clone_widths(cfg, r: int) -> int:
 def test_the_traced_step_keeps_one_teacher_input_per_layer_instead_of_the_terms():
     cfg = make_teacher("llama-tied", vocab_size=4000).config
     cfg.num_hidden_layers = 4
-    spec = dict(teacher_config=cfg, student_hidden=16, arm="core", micro_batch_size=2, seq_len=64, precision="fp32", activation_checkpointing=True)
+    spec = dict(teacher_config=cfg, student_hidden=16, arm="core", micro_batch_size=2, seq_len=64, precision="fp32",
+                activation_checkpointing=True)
     plain, rerun = trace_step(StepSpec(**spec)), trace_step(StepSpec(**spec, recompute_teacher=True))
     tokens_layers_bytes = 2 * 64 * cfg.num_hidden_layers * 4
-    expected = tokens_layers_bytes * (_clone_widths(cfg, 16) - cfg.hidden_size)  # the terms' s - t, less the kept inputs
+    # the terms' s - t, less the kept inputs
+    expected = tokens_layers_bytes * (_clone_widths(cfg, 16) - cfg.hidden_size)
     saved = plain["parts"]["activations"] - rerun["parts"]["activations"]
     assert abs(saved - expected) <= 0.05 * expected, (saved, expected)
     assert rerun["peak"] < plain["peak"]
@@ -141,7 +143,8 @@ def test_it_needs_checkpointing_and_reaches_the_commands_and_configs():
 
     with pytest.raises(LRCError, match="recompute-teacher.*activation-checkpointing"):
         TrainArgs(recompute_teacher=True)
-    base = ["--teacher", "t", "--data", "d", "--out", "o", "--arm", "core", "--warmstart", "w", "--activation-checkpointing"]
+    base = ["--teacher", "t", "--data", "d", "--out", "o", "--arm", "core", "--warmstart", "w",
+            "--activation-checkpointing"]
     assert parse_args(DistillArgs, base + ["--recompute-teacher"], prog="lrc distill").recompute_teacher
     assert not parse_args(DistillArgs, base, prog="lrc distill").recompute_teacher
     config = default_config()
@@ -159,11 +162,13 @@ def test_fsdp2_two_processes_with_the_teacher_recomputed_follow_one_plain_proces
     from tests.test_fsdp import ATOL, RTOL, compare, distill_flags, launch, run
 
     assert main_distill(distill_flags(world, tmp_path / "p1", "core")) == 0
-    run(launch("-m", "lrc.cli", "distill", *distill_flags(world, tmp_path / "p2", "core", 8, "--activation-checkpointing", "--recompute-teacher")))
+    run(launch("-m", "lrc.cli", "distill",
+               *distill_flags(world, tmp_path / "p2", "core", 8, "--activation-checkpointing", "--recompute-teacher")))
     settings = json.loads((tmp_path / "p2" / "settings.json").read_text())["training"]
     assert (settings["num_processes"], settings["grad_accumulation"]) == (2, 2)
     rel, diff = compare(tmp_path / "p1", tmp_path / "p2")
-    print(f"FSDP2, 2 processes, teacher recomputed vs 1 plain process: max relative loss difference {rel:.2e}, max |weight difference| {diff:.2e}")
+    print(f"FSDP2, 2 processes, teacher recomputed vs 1 plain process: max relative loss difference {rel:.2e}, "
+          f"max |weight difference| {diff:.2e}")
     assert rel < RTOL and diff < ATOL, (rel, diff)
 
 

@@ -44,7 +44,8 @@ def test_plain_text_follows_the_recipe_and_round_trips(tmp_path, tok, tok_dir, c
     expected = []
     for d in DOCS:
         expected += [tok.eos_token_id] + tok(d, add_special_tokens=False)["input_ids"] + [tok.bos_token_id]
-    train, valid = TokenDataset(written["train"], expect_tokenizer=tok), TokenDataset(written["valid"], expect_tokenizer=tok_dir)
+    train, valid = (TokenDataset(written["train"], expect_tokenizer=tok),
+                    TokenDataset(written["valid"], expect_tokenizer=tok_dir))
     assert len(valid) == 2
     valid_ids = torch.cat([valid[i]["input_ids"] for i in range(len(valid))]).tolist()
     train_ids = torch.cat([train[i]["input_ids"] for i in range(len(train))]).tolist()
@@ -148,14 +149,16 @@ def test_empty_corpus_is_refused(tmp_path, tok_dir):
 
 def test_wrong_text_field_is_named(tmp_path, tok_dir, corpus):
     with pytest.raises(LRCError, match="no field 'content'"):
-        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / "t", seq_len=8, text_field="content"))
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / "t", seq_len=8,
+                              text_field="content"))
 
 
 def test_vocabulary_larger_than_embedding_is_refused(tmp_path, tok, tok_dir, corpus):
     from tests.helpers import make_teacher
 
     with pytest.raises(LRCError, match="400 tokens, which does not fit an embedding of 97 rows"):
-        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / "t", seq_len=8, model_vocab=97))
+        tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / "t", seq_len=8,
+                              model_vocab=97))
     written = tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), out=tmp_path / "t", seq_len=8))
     ds = TokenDataset(written["train"])
     with pytest.raises(LRCError, match=r"has 400 tokens, which does not fit the model's embedding \(97 rows"):
@@ -220,7 +223,8 @@ def test_filter_keeps_exactly_the_records_at_or_above_the_threshold(tmp_path, to
     kept = _jsonl(tmp_path / "kept.jsonl", [r for r in scored if r["metadata"]["int_score"] >= 4])
     filtered = tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(src), out=tmp_path / "f", seq_len=16,
                                      valid_rows=1, filter_field="metadata.int_score", filter_min=4))
-    reference = tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(kept), out=tmp_path / "r", seq_len=16, valid_rows=1))
+    reference = tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(kept), out=tmp_path / "r", seq_len=16,
+                                      valid_rows=1))
     assert (filtered["train"] / "tokens.bin").read_bytes() == (reference["train"] / "tokens.bin").read_bytes()
     m = read_manifest(filtered["train"])
     (entry,) = m["sources"]
@@ -322,7 +326,8 @@ def test_mixture_and_source_exclude_each_other(tmp_path, tok_dir, corpus):
     with pytest.raises(LRCError, match="exactly one of --source and --mixture"):
         TokenizeArgs(tokenizer=str(tok_dir), out=tmp_path / "t", seq_len=16)
     with pytest.raises(LRCError, match="exactly one of --source and --mixture"):
-        TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), mixture=tmp_path / "m.yaml", out=tmp_path / "t", seq_len=16)
+        TokenizeArgs(tokenizer=str(tok_dir), source=str(corpus), mixture=tmp_path / "m.yaml", out=tmp_path / "t",
+                     seq_len=16)
 
 
 # ---------------------------------------------------------------------------------------
@@ -335,7 +340,8 @@ def _tokenizer_variant(tok, path, *, end_of_text_is_eos: bool):
     from transformers import AutoTokenizer
 
     variant = AutoTokenizer.from_pretrained(str(tok.name_or_path))
-    variant.add_special_tokens({"eos_token": "<|endoftext|>"} if end_of_text_is_eos else {"additional_special_tokens": ["<|endoftext|>"]})
+    variant.add_special_tokens({"eos_token": "<|endoftext|>"} if end_of_text_is_eos
+                               else {"additional_special_tokens": ["<|endoftext|>"]})
     variant.save_pretrained(path)
     return AutoTokenizer.from_pretrained(str(path))
 
@@ -347,9 +353,11 @@ def _stream(directory):
 
 def test_default_separator_keeps_eos_text_bos_for_a_base_tokenizer(tmp_path, tok_dir, corpus):
     for name, flags in (("auto", []), ("explicit", ["--separator", "eos-bos"])):
-        main(["--tokenizer", str(tok_dir), "--source", str(corpus), "--out", str(tmp_path / name), "--seq-len", "16", "--valid-rows", "2", *flags])
+        main(["--tokenizer", str(tok_dir), "--source", str(corpus), "--out", str(tmp_path / name), "--seq-len", "16",
+              "--valid-rows", "2", *flags])
     for split in ("train", "valid"):
-        assert (tmp_path / "auto" / split / "tokens.bin").read_bytes() == (tmp_path / "explicit" / split / "tokens.bin").read_bytes()
+        assert ((tmp_path / "auto" / split / "tokens.bin").read_bytes()
+                == (tmp_path / "explicit" / split / "tokens.bin").read_bytes())
     assert read_manifest(tmp_path / "auto" / "train")["sources"][0]["document_layout"] == "eos+text+bos"
 
 
@@ -357,7 +365,8 @@ def test_auto_separator_is_the_end_of_text_token_beside_an_instruct_eos(tmp_path
     variant = _tokenizer_variant(tok, tmp_path / "instruct", end_of_text_is_eos=False)
     eot = variant.convert_tokens_to_ids("<|endoftext|>")
     assert eot != variant.eos_token_id
-    main(["--tokenizer", str(tmp_path / "instruct"), "--source", str(corpus), "--out", str(tmp_path / "tok"), "--seq-len", "16", "--valid-rows", "2"])
+    main(["--tokenizer", str(tmp_path / "instruct"), "--source", str(corpus), "--out", str(tmp_path / "tok"),
+          "--seq-len", "16", "--valid-rows", "2"])
     expected = []
     for d in DOCS:
         expected += [eot] + variant(d, add_special_tokens=False)["input_ids"]
@@ -369,14 +378,16 @@ def test_auto_separator_is_the_end_of_text_token_beside_an_instruct_eos(tmp_path
 
 def test_auto_separator_when_the_end_of_text_token_is_the_eos(tmp_path, tok, corpus):
     variant = _tokenizer_variant(tok, tmp_path / "base", end_of_text_is_eos=True)
-    main(["--tokenizer", str(tmp_path / "base"), "--source", str(corpus), "--out", str(tmp_path / "tok"), "--seq-len", "16", "--valid-rows", "2"])
+    main(["--tokenizer", str(tmp_path / "base"), "--source", str(corpus), "--out", str(tmp_path / "tok"),
+          "--seq-len", "16", "--valid-rows", "2"])
     first = [variant.eos_token_id] + variant(DOCS[0], add_special_tokens=False)["input_ids"] + [variant.bos_token_id]
     assert _stream(tmp_path / "tok" / "valid")[:len(first)] == first
 
 
 def test_unknown_separator_token_is_named(tmp_path, tok_dir, corpus):
     with pytest.raises(LRCError, match=r"--separator '<\|nope\|>': not a token of tokenizer"):
-        main(["--tokenizer", str(tok_dir), "--source", str(corpus), "--out", str(tmp_path / "tok"), "--seq-len", "16", "--separator", "<|nope|>"])
+        main(["--tokenizer", str(tok_dir), "--source", str(corpus), "--out", str(tmp_path / "tok"), "--seq-len", "16",
+              "--separator", "<|nope|>"])
     assert not (tmp_path / "tok").exists()
 
 
@@ -390,11 +401,14 @@ def test_stdlib_docs_corpus_is_deterministic_and_split_by_document_name(tmp_path
     assert names == sorted(names) and len(names) >= 150 and set(names) <= set(STDLIB_DOC_MODULES)
     held_out = [n for n in names if zlib.crc32(n.encode()) / 2**32 < 0.1]
     for run in ("a", "b"):
-        main(["--tokenizer", str(tok_dir), "--source", "python-stdlib-docs", "--out", str(tmp_path / run), "--seq-len", "64", "--valid-fraction", "0.1"])
+        main(["--tokenizer", str(tok_dir), "--source", "python-stdlib-docs", "--out", str(tmp_path / run),
+              "--seq-len", "64", "--valid-fraction", "0.1"])
     for split in ("train", "valid"):
-        assert (tmp_path / "a" / split / "tokens.bin").read_bytes() == (tmp_path / "b" / split / "tokens.bin").read_bytes()
+        assert ((tmp_path / "a" / split / "tokens.bin").read_bytes()
+                == (tmp_path / "b" / split / "tokens.bin").read_bytes())
     train, valid = (read_manifest(tmp_path / "a" / s)["sources"][0] for s in ("train", "valid"))
     assert valid["documents"] == len(held_out) and train["documents"] == len(names) - len(held_out)
     assert valid["valid_split"] == "crc32(document name) / 2**32 < 0.1"
-    assert valid["python"] == sys.version.split()[0] and len(valid["text_sha256"]) == 64 and valid["license"].startswith("PSF")
+    assert (valid["python"] == sys.version.split()[0] and len(valid["text_sha256"]) == 64
+            and valid["license"].startswith("PSF"))
     assert valid["corpus_documents"] == len(names)

@@ -191,7 +191,8 @@ def test_token_ids_outside_the_recorded_vocabulary_are_refused(tmp_path):
         TokenDataset(out)
     out = write_tokens(tmp_path / "e", rows)
     _edit_manifest(out, max_token_id=9)
-    with pytest.raises(LRCError, match=r"e/tokens.bin: holds token ids up to 70, but manifest.json records max_token_id 9"):
+    with pytest.raises(LRCError,
+                       match=r"e/tokens.bin: holds token ids up to 70, but manifest.json records max_token_id 9"):
         TokenDataset(out)
 
 
@@ -205,7 +206,8 @@ def test_format_1_directories_are_verified_through_the_content_hash(tmp_path, to
     rows = np.arange(24).reshape(4, 6) % len(tok)
     masked = write_tokens(tmp_path / "m", rows, loss_mask=np.ones_like(rows), tokenizer=tok)
     _edit_manifest(masked, format=1, file_hashes=None)
-    with pytest.raises(LRCError, match=r"m/manifest.json: a format-1 manifest with a loss mask .* re-run `lrc tokenize`"):
+    with pytest.raises(LRCError,
+                       match=r"m/manifest.json: a format-1 manifest with a loss mask .* re-run `lrc tokenize`"):
         TokenDataset(masked)
 
 

@@ -34,7 +34,8 @@ def test_schedules_warm_up_then_decay():
 
 
 def _micro_batches(P: int, p: int, start: int = 0, steps: int = 5, micro: int = 2) -> list[list[int]]:
-    return list(StepBatches(10, seed=3, batch_size=8, micro_batch_size=micro, num_processes=P, process_index=p, start_step=start, steps=steps))
+    return list(StepBatches(10, seed=3, batch_size=8, micro_batch_size=micro, num_processes=P, process_index=p,
+                            start_step=start, steps=steps))
 
 
 def test_data_order_is_a_function_of_step_and_independent_of_processes():
@@ -63,7 +64,8 @@ def test_training_lowers_the_loss_and_logs_every_term(tmp_path):
     for key in ("loss", "ce", "lr", "grad_norm", "tokens_per_s", "tokens"):
         assert all(math.isfinite(x[key]) for x in lines), key
     # the optimiser step's own time is a part of the step's
-    assert all(0 < x["optimizer_cpu_s_per_step"] <= x["cpu_s_per_step"] and x["optimizer_s_per_step"] > 0 for x in lines)
+    assert all(0 < x["optimizer_cpu_s_per_step"] <= x["cpu_s_per_step"] and x["optimizer_s_per_step"] > 0
+               for x in lines)
     assert lines[-1]["loss"] < lines[0]["loss"] - 0.3  # 16 rows memorised a little
     assert lines[0]["lr"] > lines[-1]["lr"]
     assert summary["peak_memory_mib"] > 0
@@ -120,7 +122,8 @@ def test_poisoned_batch_stops_with_step_and_term_and_keeps_last_checkpoint(tmp_p
 
 
 def _rows_of_step(step: int, *, rows: int, seed: int, batch_size: int) -> list[int]:
-    sampler = StepBatches(rows, seed=seed, batch_size=batch_size, micro_batch_size=batch_size, num_processes=1, process_index=0, start_step=step, steps=step + 1)
+    sampler = StepBatches(rows, seed=seed, batch_size=batch_size, micro_batch_size=batch_size, num_processes=1,
+                          process_index=0, start_step=step, steps=step + 1)
     return next(iter(sampler))
 
 
@@ -134,7 +137,8 @@ def test_resume_refuses_a_checkpoint_made_with_other_settings(tmp_path):
 def test_bad_batch_split_is_named():
     with pytest.raises(LRCError, match="--batch-size 6 must be a multiple of --micro-batch-size 4"):
         model = tiny_llama()
-        train(LMObjective(model), model, RandomTokens(), quiet(tokens=SEQ * 6, batch_size=6, micro_batch_size=4), "/tmp/never-used-lrc-out")
+        train(LMObjective(model), model, RandomTokens(), quiet(tokens=SEQ * 6, batch_size=6, micro_batch_size=4),
+              "/tmp/never-used-lrc-out")
     with pytest.raises(LRCError, match="--warmup"):
         TrainArgs(warmup=5)
 
@@ -213,7 +217,8 @@ def test_the_optimiser_step_time_is_what_runs_inside_the_timer(tmp_path):
     assert 0.1 <= record["optimizer_s_per_step"] < record["elapsed_s"] / 2 + 0.01
     assert 0.05 <= record["optimizer_cpu_s_per_step"] <= record["cpu_s_per_step"]
     assert record["optimizer_s_per_step"] - record["optimizer_cpu_s_per_step"] >= 0.04  # the sleep counts as wall only
-    assert record["optimizer_cpu_s_per_step_max"] == record["optimizer_cpu_s_per_step"]  # one process: it is the slowest
+    # one process: it is the slowest
+    assert record["optimizer_cpu_s_per_step_max"] == record["optimizer_cpu_s_per_step"]
 
 
 def _slowest_process_worker(rank: int, port: int, ckpt_dir: str) -> None:
@@ -223,7 +228,8 @@ def _slowest_process_worker(rank: int, port: int, ckpt_dir: str) -> None:
 
     from lrc.training.steplog import StepLog
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2")
     acc = Accelerator(cpu=True)
     log = StepLog(acc, Path(ckpt_dir), steps=1, start_step=0, tokens_per_step=4, progress=False)
     log.record(0, torch.ones(3), ["ce"])

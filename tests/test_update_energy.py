@@ -36,15 +36,16 @@ def world(tmp_path_factory):
 
 
 def common(root: Path, out: Path, *extra: str) -> list[str]:
-    return ["--teacher", str(root / "teacher"), "--data", str(root / "data"), "--out", str(out), "--bases", str(root / "svd"),
-            "--batch-size", "4", "--micro-batch-size", "2", "--lr", "3e-3", "--log-every", "2", "--no-progress", "--threads", "1", *extra]
+    return ["--teacher", str(root / "teacher"), "--data", str(root / "data"), "--out", str(out),
+            "--bases", str(root / "svd"), "--batch-size", "4", "--micro-batch-size", "2", "--lr", "3e-3",
+            "--log-every", "2", "--no-progress", "--threads", "1", *extra]
 
 
 def distill(root: Path, out: Path, arm: str, *extra: str) -> Path:
     from lrc.commands.distill import main_distill
 
-    assert main_distill(common(root, out, "--warmstart", str(root / "ws"), "--arm", arm, "--tokens", str(STEPS * 4 * 16),
-                               "--seed", "1", *extra)) == 0
+    assert main_distill(common(root, out, "--warmstart", str(root / "ws"), "--arm", arm,
+                               "--tokens", str(STEPS * 4 * 16), "--seed", "1", *extra)) == 0
     return out
 
 
@@ -164,13 +165,16 @@ def test_two_processes_write_the_one_process_rows_once(world, tmp_path):
     import sys
 
     repo = Path(__file__).resolve().parents[1]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1"}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1",
+                        "ACCELERATE_USE_CPU": "1"}
     args = ["distill", *common(world, tmp_path / "p2", "--warmstart", str(world / "ws"), "--arm", "core", "--tokens",
                                str(STEPS * 4 * 16), "--seed", "1", "--update-energy-every", "3")]
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(repo / "config/accelerate/cpu2.yaml"),
-              "--main_process_port", "29547", "-m", "lrc.cli", *args]
+    launch = [sys.executable, "-m", "accelerate.commands.launch",
+              "--config_file", str(repo / "config/accelerate/cpu2.yaml"), "--main_process_port", "29547",
+              "-m", "lrc.cli", *args]
     subprocess.run(launch, check=True, env=env, cwd=repo, timeout=300, capture_output=True)
-    one, two = read_rows(distill(world, tmp_path / "p1", "core", "--update-energy-every", "3")), read_rows(tmp_path / "p2")
+    one, two = (read_rows(distill(world, tmp_path / "p1", "core", "--update-energy-every", "3")),
+                read_rows(tmp_path / "p2"))
     assert json.loads((tmp_path / "p2" / "settings.json").read_text())["training"]["num_processes"] == 2
     assert [(r["step"], r["layer"], r["weight"]) for r in one] == [(r["step"], r["layer"], r["weight"]) for r in two]
     for a, b in zip(one, two):
@@ -188,12 +192,14 @@ def test_sigkill_then_restart_gives_the_uninterrupted_file(world, tmp_path):
     steps = 200
 
     def cmd(out: Path) -> list[str]:
-        return [sys.executable, "-m", "lrc.cli", "distill", *common(world, out, "--warmstart", str(world / "ws"), "--arm", "dense",
-                "--tokens", str(steps * 4 * 16), "--checkpoint-every", "20", "--update-energy-every", "7", "--seed", "2")]
+        return [sys.executable, "-m", "lrc.cli", "distill",
+                *common(world, out, "--warmstart", str(world / "ws"), "--arm", "dense", "--tokens", str(steps * 4 * 16),
+                        "--checkpoint-every", "20", "--update-energy-every", "7", "--seed", "2")]
 
     subprocess.run(cmd(tmp_path / "straight"), env=ENV, check=True, capture_output=True, timeout=300)
     kill_mid_run(cmd(tmp_path / "killed"), tmp_path / "killed.ckpt", after_step=40)
     subprocess.run(cmd(tmp_path / "killed"), env=ENV, check=True, capture_output=True, timeout=300)
     assert json.loads((tmp_path / "killed" / "settings.json").read_text())["training"]["resumed_from"] is not None
-    assert (tmp_path / "killed" / UPDATE_ENERGY_FILE).read_text() == (tmp_path / "straight" / UPDATE_ENERGY_FILE).read_text()
+    assert ((tmp_path / "killed" / UPDATE_ENERGY_FILE).read_text()
+            == (tmp_path / "straight" / UPDATE_ENERGY_FILE).read_text())
     assert len(read_rows(tmp_path / "straight")) == len(logged_steps(7, steps, steps)) * 6

@@ -24,7 +24,8 @@ PAPER = sorted((ROOT / "config" / "paper").glob("*.yaml"))
 def snakemake(*args, cwd=ROOT, timeout=300):
     cmd = [sys.executable, "-m", "snakemake", *map(str, args)]
     # The rules run `python -m lrc.cli`: the python of this environment, activated or not.
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1"}
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                        "HF_HUB_OFFLINE": "1"}
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -123,7 +124,8 @@ def test_dry_runs_do_not_depend_on_results_in_the_checkout(tmp_path):
     (tmp_path / "results" / "tiny" / "teacher").mkdir(parents=True)
     (tmp_path / "results" / "table1.csv").write_text("model\n")
     fresh = job_counts(snakemake("-n", "--forceall", "results/table1.csv", "--configfile", config).stdout)
-    done = job_counts(snakemake("-n", "--forceall", "results/table1.csv", "--directory", tmp_path, "--configfile", config).stdout)
+    done = job_counts(snakemake("-n", "--forceall", "results/table1.csv", "--directory", tmp_path,
+                                "--configfile", config).stdout)
     assert fresh == done and fresh["distill"] == 3
 
 
@@ -142,7 +144,8 @@ def refused(tmp_path, edit):
     earlier = tmp_path / "results" / "tiny" / "warmstart" / "lrc" / "settings.json"
     earlier.parent.mkdir(parents=True)
     earlier.write_text("{}")
-    result = snakemake("--cores", "1", "results/table1.csv", "--directory", tmp_path, "--configfile", bad_config(tmp_path, edit))
+    result = snakemake("--cores", "1", "results/table1.csv", "--directory", tmp_path,
+                       "--configfile", bad_config(tmp_path, edit))
     assert result.returncode != 0
     assert earlier.read_text() == "{}"
     assert sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "results").rglob("*") if p.is_file()) == [
@@ -152,18 +155,26 @@ def refused(tmp_path, edit):
 
 
 REFUSED = [
-    ("distill.train.tokens", lambda x: x["distill"]["train"].update(tokens=1000), "the rule `distill` sets this option itself (`--tokens {wildcards.tokens}`)"),
-    ("distill.train.seed", lambda x: x["distill"]["train"].update(seed=3), "the rule `distill` sets this option itself (`--seed {wildcards.seed}`)"),
-    ("distill.train.arm", lambda x: x["distill"]["train"].update(arm="dense"), "the rule `distill` sets this option itself (`--arm {wildcards.arm}`)"),
-    ("loss.lrc.arm", lambda x: x["loss"]["lrc"].update(arm="dense"), "the rule `distill` sets this option itself (`--arm {wildcards.arm}`)"),
-    ("evaluate.model", lambda x: x["evaluate"].update(model="results/tiny/teacher"), "the rule `evaluate` sets this option itself (`--model {input.model}`)"),
-    ("warmstart.student_hidden", lambda x: x["warmstart"].update(student_hidden=8), "the rule `warmstart` sets this option itself (`--student-hidden {params.hidden}`)"),
+    ("distill.train.tokens", lambda x: x["distill"]["train"].update(tokens=1000),
+     "the rule `distill` sets this option itself (`--tokens {wildcards.tokens}`)"),
+    ("distill.train.seed", lambda x: x["distill"]["train"].update(seed=3),
+     "the rule `distill` sets this option itself (`--seed {wildcards.seed}`)"),
+    ("distill.train.arm", lambda x: x["distill"]["train"].update(arm="dense"),
+     "the rule `distill` sets this option itself (`--arm {wildcards.arm}`)"),
+    ("loss.lrc.arm", lambda x: x["loss"]["lrc"].update(arm="dense"),
+     "the rule `distill` sets this option itself (`--arm {wildcards.arm}`)"),
+    ("evaluate.model", lambda x: x["evaluate"].update(model="results/tiny/teacher"),
+     "the rule `evaluate` sets this option itself (`--model {input.model}`)"),
+    ("warmstart.student_hidden", lambda x: x["warmstart"].update(student_hidden=8),
+     "the rule `warmstart` sets this option itself (`--student-hidden {params.hidden}`)"),
     ("distill.train.lrr", lambda x: x["distill"]["train"].update(lrr=0.1), "not an option of `lrc distill`"),
     ("distill.train.lr", lambda x: x["distill"]["train"].update(lr="fast"), "expected a number, got 'fast'"),
-    ("student.hidden_size", lambda x: x["student"].update(hidden_size=128), "128 must be below the teacher's hidden size 128"),
+    ("student.hidden_size", lambda x: x["student"].update(hidden_size=128),
+     "128 must be below the teacher's hidden size 128"),
     ("warmstart.tokens", lambda x: x["warmstart"].update(tokens=-5), "--tokens must be >= 0, got -5"),
     ("evaluate.suite", lambda x: x["evaluate"].update(suite="nope"), "'nope' is not one of tiny, paper"),
-    ("resources.distill.accelerate", lambda x: x["resources"]["distill"].update(accelerate="x; touch PWNED"), "'x; touch PWNED' is not an existing file"),
+    ("resources.distill.accelerate", lambda x: x["resources"]["distill"].update(accelerate="x; touch PWNED"),
+     "'x; touch PWNED' is not an existing file"),
 ]
 
 
@@ -187,10 +198,12 @@ def test_accelerate_config_is_quoted_in_the_command(tmp_path):
 
 def test_yaml_syntax_error_in_the_default_config_names_file_and_line(tmp_path):
     (tmp_path / "config").mkdir()
-    (tmp_path / "config" / "config.yaml").write_text("experiments:\n  tiny:\n    teacher: {source: world\n    student: 3\n")
+    (tmp_path / "config" / "config.yaml").write_text(
+        "experiments:\n  tiny:\n    teacher: {source: world\n    student: 3\n")
     result = snakemake("-n", "--snakefile", ROOT / "Snakefile", "--directory", tmp_path)
     assert result.returncode != 0
-    assert "invalid config file config/config.yaml, line 4" in result.stdout + result.stderr, result.stdout + result.stderr
+    assert "invalid config file config/config.yaml, line 4" in result.stdout + result.stderr, (
+        result.stdout + result.stderr)
 
 
 def test_checkpoint_key_covers_the_student_width():
@@ -217,7 +230,8 @@ def test_checkpoint_key_covers_the_student_width():
 # ----------------------------------------------------------------------------- end to end
 
 COPY_IGNORE = shutil.ignore_patterns(
-    ".git", ".snakemake", "results", "logs", "benchmarks", "checkpoints", "__pycache__", ".pytest_cache", "*.egg-info", ".venv", "venv"
+    ".git", ".snakemake", "results", "logs", "benchmarks", "checkpoints", "__pycache__", ".pytest_cache", "*.egg-info",
+    ".venv", "venv"
 )
 
 
@@ -241,7 +255,8 @@ def test_end_to_end_chain_on_the_test_world(tmp_path):
     assert table1.loc[1:, "gain_over_slice"].notna().all()
     assert list(pd.read_csv(results / "table_sft.csv")["arm"]) == ["teacher", "core"]
     assert len(pd.read_csv(results / "audit.csv")) > 0
-    for stage in ["teacher", "svd", "warmstart/lrc", "distill/lrc-core-s0-t20000", "merged/lrc-core-s0-t20000", "sft/lrc-core-s0-t20000"]:
+    for stage in ["teacher", "svd", "warmstart/lrc", "distill/lrc-core-s0-t20000", "merged/lrc-core-s0-t20000",
+                  "sft/lrc-core-s0-t20000"]:
         assert (results / exp / stage / "settings.json").exists(), stage
     assert (results / exp / "merged/lrc-core-s0-t20000/merge_check.json").exists()
     assert (repo / "benchmarks" / exp / "distill" / "lrc-dense-s0-t20000.tsv").exists()
@@ -268,7 +283,8 @@ def test_end_to_end_chain_on_the_test_world(tmp_path):
     (repo / "broken.yaml").write_text(yaml.safe_dump(changed))
     refused = snakemake("--cores", "1", core, "--configfile", "broken.yaml", cwd=repo)
     assert refused.returncode != 0
-    assert f"invalid config at experiments.{exp}.distill.train.lr: expected a number, got 'not-a-number'" in refused.stdout + refused.stderr
+    assert (f"invalid config at experiments.{exp}.distill.train.lr: expected a number, got 'not-a-number'"
+            in refused.stdout + refused.stderr)
     assert (repo / core / "settings.json").exists()  # not deleted: no job ran
 
     # One only the job can find (the batch does not split into micro-batches): the job fails.
@@ -278,7 +294,8 @@ def test_end_to_end_chain_on_the_test_world(tmp_path):
     # Target the one job, so which job fails first does not depend on scheduling order.
     failed = snakemake("--cores", "1", core, "--configfile", "broken.yaml", cwd=repo)
     assert failed.returncode != 0
-    assert "--micro-batch-size" in (repo / f"logs/{exp}/distill/lrc-core-s0-t20000.log").read_text()  # the log names the option
+    # the log names the option
+    assert "--micro-batch-size" in (repo / f"logs/{exp}/distill/lrc-core-s0-t20000.log").read_text()
     assert not (repo / core).exists()  # no partial output
     for stage in ["teacher", "svd", "warmstart/lrc"]:  # earlier results are kept
         assert (results / exp / stage / "settings.json").exists(), stage

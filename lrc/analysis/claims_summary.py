@@ -65,7 +65,8 @@ def markdown(rows: pd.DataFrame, *, seconds: float | None = None) -> str:
         f"seeds per comparison: {', '.join(map(str, seeds))}."
         + (f" Time taken: {seconds / 60:.1f} min ({seconds:.0f} s)." if seconds is not None else ""),
         "",
-        "| # | claim | comparison | paper | miniature [95 % CI] | seeds | p (t-test) | direction holds | CI excludes 0 | rule |",
+        "| # | claim | comparison | paper | miniature [95 % CI] | seeds | p (t-test) | direction holds | "
+        "CI excludes 0 | rule |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(rows.to_dict("records"), start=1):

@@ -30,7 +30,8 @@ MIN_BUDGETS = 4
 
 
 def _budgets(records, recipe: str) -> list[int]:
-    return sorted({r["tokens"] for r in student_runs(records) if r["recipe"] == recipe and not r["sft"] and not r.get("knockout")})
+    return sorted({r["tokens"] for r in student_runs(records)
+                   if r["recipe"] == recipe and not r["sft"] and not r.get("knockout")})
 
 
 def _recipes(records) -> list[str]:
@@ -38,14 +39,16 @@ def _recipes(records) -> list[str]:
 
 
 def _arms(records, recipe: str, tokens: int, *, sft: bool = False) -> list[str]:
-    present = {r["arm"] for r in student_runs(records) if (r["recipe"], r["tokens"], r["sft"]) == (recipe, tokens, sft) and not r.get("knockout")}
+    present = {r["arm"] for r in student_runs(records)
+               if (r["recipe"], r["tokens"], r["sft"]) == (recipe, tokens, sft) and not r.get("knockout")}
     return [a for a in ARMS if a in present]
 
 
 def _slice_scores(records, recipe: str, tokens: int, partner: str) -> dict[int, float]:
     base = scores_by_seed(records, recipe=recipe, arm="slice", tokens=tokens)
     if not base:
-        raise LRCError(f"{recipe}-{partner} t{tokens}: no slice partner among the inputs (expected {recipe}-slice-s<seed>-t{tokens}.json)")
+        raise LRCError(f"{recipe}-{partner} t{tokens}: no slice partner among the inputs (expected "
+                       f"{recipe}-slice-s<seed>-t{tokens}.json)")
     return base
 
 
@@ -58,10 +61,11 @@ def _gains_over_slice(records, claim: str, arms: Sequence[str], headline: Sequen
                 base = _slice_scores(records, recipe, tokens, arm)
                 mine = scores_by_seed(records, recipe=recipe, arm=arm, tokens=tokens)
                 rows.append(paired_row(claim, f"{arm} − slice", mine, base, a_name=f"{recipe}-{arm}-t{tokens}",
-                                       b_name=f"{recipe}-slice-t{tokens}", ref=paper(claim, arm), headline=arm in headline,
-                                       experiment=exp, recipe=recipe, tokens=tokens))
+                                       b_name=f"{recipe}-slice-t{tokens}", ref=paper(claim, arm),
+                                       headline=arm in headline, experiment=exp, recipe=recipe, tokens=tokens))
     if not rows:
-        raise LRCError(f"{claim}: no student of the arms {', '.join(a for a in arms if a != 'slice')} beside a slice among the inputs")
+        raise LRCError(f"{claim}: no student of the arms {', '.join(a for a in arms if a != 'slice')} beside a "
+                       "slice among the inputs")
     return rows
 
 
@@ -92,7 +96,8 @@ def full_arm(records) -> str:
     """The one arm other than slice among the students (the 2×2's and the ladder's full reach)."""
     arms = sorted({r["arm"] for r in student_runs(records)} - {"slice"})
     if len(arms) != 1:
-        raise LRCError(f"--inputs: expected slice and exactly one full-reach arm, found {', '.join(arms) or 'none'} besides slice")
+        raise LRCError("--inputs: expected slice and exactly one full-reach arm, found "
+                       f"{', '.join(arms) or 'none'} besides slice")
     return arms[0]
 
 
@@ -109,13 +114,16 @@ def cross_recipe(paths: Sequence[Path]) -> pd.DataFrame:
         for recipe in ("lrc", "kl"):
             base = _slice_scores(records, recipe, tokens, full)
             mine = scores_by_seed(records, recipe=recipe, arm=full, tokens=tokens)
-            gains[recipe] = paired_differences(mine, base, a_name=f"{recipe}-{full}-t{tokens}", b_name=f"{recipe}-slice-t{tokens}")
-            rows.append(paired_row("cross_recipe", f"{recipe}: {full} − slice", mine, base, a_name=f"{recipe}-{full}-t{tokens}",
-                                   b_name=f"{recipe}-slice-t{tokens}", ref=paper("cross_recipe", recipe), headline=True,
-                                   experiment=exp, recipe=recipe, tokens=tokens))
+            gains[recipe] = paired_differences(mine, base, a_name=f"{recipe}-{full}-t{tokens}",
+                                               b_name=f"{recipe}-slice-t{tokens}")
+            rows.append(paired_row("cross_recipe", f"{recipe}: {full} − slice", mine, base,
+                                   a_name=f"{recipe}-{full}-t{tokens}", b_name=f"{recipe}-slice-t{tokens}",
+                                   ref=paper("cross_recipe", recipe), headline=True, experiment=exp, recipe=recipe,
+                                   tokens=tokens))
         rows.append(paired_row("cross_recipe", f"(kl gain) − (lrc gain), {full} − slice", gains["kl"], gains["lrc"],
-                               a_name=f"kl gain t{tokens}", b_name=f"lrc gain t{tokens}", ref=paper("cross_recipe", "kl-lrc"),
-                               headline=True, experiment=exp, recipe="kl − lrc", tokens=tokens))
+                               a_name=f"kl gain t{tokens}", b_name=f"lrc gain t{tokens}",
+                               ref=paper("cross_recipe", "kl-lrc"), headline=True, experiment=exp, recipe="kl − lrc",
+                               tokens=tokens))
     if not rows:
         raise LRCError("cross_recipe: no token budget shared by the lrc and kl students")
     return pd.DataFrame(rows)
@@ -128,20 +136,26 @@ def saturation(paths: Sequence[Path]) -> pd.DataFrame:
     teacher = teacher_record(records)
     (recipe, *others) = _recipes(records)
     if others:
-        raise LRCError(f"saturation: students of several recipes ({recipe}, {', '.join(others)}); give one recipe's ladder")
+        raise LRCError(f"saturation: students of several recipes ({recipe}, {', '.join(others)}); "
+                       "give one recipe's ladder")
     budgets = _budgets(records, recipe)
     if len(budgets) < MIN_BUDGETS:
-        raise LRCError(f"saturation: {len(budgets)} token budget(s) ({', '.join(map(str, budgets))}); the ladder needs at least {MIN_BUDGETS}")
+        raise LRCError(f"saturation: {len(budgets)} token budget(s) ({', '.join(map(str, budgets))}); the ladder needs "
+                       f"at least {MIN_BUDGETS}")
     common = dict(experiment=exp, recipe=recipe, teacher=score(teacher))
     rows = []
     for tokens in budgets:
         base = _slice_scores(records, recipe, tokens, full)
         mine = scores_by_seed(records, recipe=recipe, arm=full, tokens=tokens)
-        rows.append(measure_row("saturation", f"slice at {tokens} tokens", base, tokens=tokens, arm="slice", measure="score", **common))
-        rows.append(measure_row("saturation", f"{full} at {tokens} tokens", mine, tokens=tokens, arm=full, measure="score", **common))
-        rows.append(paired_row("saturation", f"{full} − slice at {tokens} tokens", mine, base, a_name=f"{recipe}-{full}-t{tokens}",
-                               b_name=f"{recipe}-slice-t{tokens}", tokens=tokens, arm=f"{full} − slice", measure="gap", **common))
-    rows.append(paired_row("saturation", f"long-budget gap: {full} − slice at the largest budget ({budgets[-1]} tokens)",
+        rows.append(measure_row("saturation", f"slice at {tokens} tokens", base, tokens=tokens, arm="slice",
+                                measure="score", **common))
+        rows.append(measure_row("saturation", f"{full} at {tokens} tokens", mine, tokens=tokens, arm=full,
+                                measure="score", **common))
+        rows.append(paired_row("saturation", f"{full} − slice at {tokens} tokens", mine, base,
+                               a_name=f"{recipe}-{full}-t{tokens}", b_name=f"{recipe}-slice-t{tokens}", tokens=tokens,
+                               arm=f"{full} − slice", measure="gap", **common))
+    rows.append(paired_row("saturation",
+                           f"long-budget gap: {full} − slice at the largest budget ({budgets[-1]} tokens)",
                                scores_by_seed(records, recipe=recipe, arm=full, tokens=budgets[-1]),
                                scores_by_seed(records, recipe=recipe, arm="slice", tokens=budgets[-1]),
                                a_name=f"{recipe}-{full}-t{budgets[-1]}", b_name=f"{recipe}-slice-t{budgets[-1]}",
@@ -163,12 +177,15 @@ def sft(paths: Sequence[Path]) -> pd.DataFrame:
                 full = "full" if arm != "slice" else "slice"
                 common = dict(experiment=exp, recipe=recipe, tokens=tokens, teacher=t_score)
                 vs_teacher = {s: v - t_score for s, v in after.items()}
-                rows.append(measure_row("sft", f"{arm} after SFT − teacher", vs_teacher, ref=paper("sft", f"{full}-teacher"),
-                                        headline=True, p_value=paired_t_pvalue(vs_teacher.values()), model_mean=mean(after.values()), **common))
+                rows.append(measure_row("sft", f"{arm} after SFT − teacher", vs_teacher,
+                                        ref=paper("sft", f"{full}-teacher"), headline=True,
+                                        p_value=paired_t_pvalue(vs_teacher.values()), model_mean=mean(after.values()),
+                                        **common))
                 if not before:
                     raise LRCError(f"sft: {recipe}-{arm}-t{tokens}.sft has no evaluation before SFT among the inputs")
-                rows.append(paired_row("sft", f"{arm}: SFT gain (after − before)", after, before, a_name=f"{recipe}-{arm}-t{tokens}.sft",
-                                       b_name=f"{recipe}-{arm}-t{tokens}", ref=paper("sft", f"{full}-gain"), **common))
+                rows.append(paired_row("sft", f"{arm}: SFT gain (after − before)", after, before,
+                                       a_name=f"{recipe}-{arm}-t{tokens}.sft", b_name=f"{recipe}-{arm}-t{tokens}",
+                                       ref=paper("sft", f"{full}-gain"), **common))
     if not rows:
         raise LRCError("sft: no .sft evaluation among the inputs")
     return pd.DataFrame(rows)

@@ -71,9 +71,11 @@ def draw_saturation(claim: pd.DataFrame):
             line = line.sort_values("tokens")
             color, marker = ARM_STYLE.get(arm, (None, "x"))
             n = int(line["n_seeds"].min())
-            ax.plot(line["tokens"], line["miniature"], color=color, marker=marker, label=f"{arm} (mean of {n} seed{'s' * (n > 1)})")
+            ax.plot(line["tokens"], line["miniature"], color=color, marker=marker,
+                    label=f"{arm} (mean of {n} seed{'s' * (n > 1)})")
             if line["ci_low"].notna().all():
-                ax.fill_between(line["tokens"], line["ci_low"], line["ci_high"], color=color, alpha=0.2, label=f"{arm}: 95 % t interval")
+                ax.fill_between(line["tokens"], line["ci_low"], line["ci_high"], color=color, alpha=0.2,
+                                label=f"{arm}: 95 % t interval")
         teacher = rows["teacher"].dropna() if "teacher" in rows else pd.Series(dtype=float)
         if len(teacher):
             ax.axhline(teacher.iloc[0], color="black", linestyle=":", label="teacher")

@@ -75,11 +75,13 @@ def t_interval(values: Iterable[float], level: float = LEVEL) -> Interval:
     return Interval(m, m - half, m + half, n, sd)
 
 
-def paired_differences(a: Mapping[int, float], b: Mapping[int, float], *, a_name: str = "a", b_name: str = "b") -> dict[int, float]:
+def paired_differences(a: Mapping[int, float], b: Mapping[int, float], *, a_name: str = "a",
+                       b_name: str = "b") -> dict[int, float]:
     """``a[seed] - b[seed]`` for every seed, in seed order; both must hold the same seeds."""
     only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
     if only_a or only_b:
-        parts = [f"seed(s) {', '.join(map(str, s))} only in {name}" for s, name in ((only_a, a_name), (only_b, b_name)) if s]
+        parts = [f"seed(s) {', '.join(map(str, s))} only in {name}"
+                 for s, name in ((only_a, a_name), (only_b, b_name)) if s]
         raise LRCError(f"cannot pair {a_name} with {b_name} by seed: {'; '.join(parts)}")
     if not a:
         raise LRCError(f"cannot pair {a_name} with {b_name}: no seed in either")

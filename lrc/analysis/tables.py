@@ -70,9 +70,11 @@ def describe_model(name: str) -> dict[str, Any]:
         return parsed
     # A name that starts like a run name but does not parse is a typo, not a model of its own.
     if not name or name.startswith(".") or any(name.startswith(f"{recipe}-") for recipe in RECIPES):
-        raise LRCError(f"evaluation file name {name!r}: expected 'teacher', '{RUN_FORMAT}[{SFT_SUFFIX}]' or a model name")
+        raise LRCError(f"evaluation file name {name!r}: expected 'teacher', "
+                       f"'{RUN_FORMAT}[{SFT_SUFFIX}]' or a model name")
     sft = name.endswith(SFT_SUFFIX)
-    return {"recipe": "", "arm": name.removesuffix(SFT_SUFFIX) if sft else name, "seed": None, "tokens": None, "sft": sft, "knockout": False}
+    return {"recipe": "", "arm": name.removesuffix(SFT_SUFFIX) if sft else name, "seed": None, "tokens": None,
+            "sft": sft, "knockout": False}
 
 
 def load_evaluations(paths: Sequence[Path]) -> list[dict[str, Any]]:
@@ -101,7 +103,8 @@ def _task_columns(records: list[dict[str, Any]]) -> dict[str, str]:
         for task, entry in rec["data"]["tasks"].items():
             metric = entry.get("metric", "")
             if metrics.setdefault(task, metric) != metric:
-                raise LRCError(f"task {task!r} is scored with {metrics[task]!r} in one file and {metric!r} in {rec['file']}")
+                raise LRCError(f"task {task!r} is scored with {metrics[task]!r} in one file and "
+                               f"{metric!r} in {rec['file']}")
     return {task: f"{task} ({metric})" for task, metric in metrics.items()}
 
 
@@ -159,17 +162,21 @@ def results_table(records: list[dict[str, Any]], *, sft: bool) -> pd.DataFrame:
         rows.append(row)
 
     frame = pd.DataFrame(rows)
-    frame.insert(frame.columns.get_loc("aggregate_per_seed") + 1, "gain_over_slice", [_gain(frame, i) for i in frame.index])
-    gain_cis = pd.DataFrame([_paired_gain(frame, i) for i in frame.index], columns=["gain_ci_low", "gain_ci_high", "gain_p_value"])
+    frame.insert(frame.columns.get_loc("aggregate_per_seed") + 1, "gain_over_slice",
+                 [_gain(frame, i) for i in frame.index])
+    gain_cis = pd.DataFrame([_paired_gain(frame, i) for i in frame.index],
+                            columns=["gain_ci_low", "gain_ci_high", "gain_p_value"])
     for offset, column in enumerate(gain_cis.columns, start=1):
         frame.insert(frame.columns.get_loc("gain_over_slice") + offset, column, gain_cis[column].to_numpy())
     frame.insert(frame.columns.get_loc("gain_p_value") + 1, "vs_teacher", [_vs_teacher(frame, i) for i in frame.index])
     at = frame.columns.get_loc("answer_logprob") + 1
     frame.insert(at, "perplexity_gain_over_slice", [_gain(frame, i, "perplexity", _nll_gain) for i in frame.index])
-    frame.insert(at + 1, "kl_gain_over_slice", [_gain(frame, i, "kl_to_teacher", lambda row, base: base - row) for i in frame.index])
+    frame.insert(at + 1, "kl_gain_over_slice",
+                 [_gain(frame, i, "kl_to_teacher", lambda row, base: base - row) for i in frame.index])
     frame["_arm"] = frame["arm"].map(lambda a: ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER))
     frame["_tokens"] = frame["tokens"].fillna(-1)
-    frame = frame.sort_values(["experiment", "_arm", "recipe", "_tokens"], kind="stable").drop(columns=["_arm", "_tokens", "_per_seed"])
+    frame = (frame.sort_values(["experiment", "_arm", "recipe", "_tokens"], kind="stable")
+             .drop(columns=["_arm", "_tokens", "_per_seed"]))
     frame["tokens"] = frame["tokens"].astype("Int64")
     return frame.reset_index(drop=True)
 
@@ -200,7 +207,8 @@ def _gain(frame: pd.DataFrame, i: int, column: str = "aggregate", gain=lambda ro
 def _slice_of(frame: pd.DataFrame, row: pd.Series) -> pd.Series | None:
     """The slice row of the same experiment, recipe and budget, or None."""
     same_tokens = frame["tokens"].isna() if pd.isna(row["tokens"]) else frame["tokens"] == row["tokens"]
-    base = frame[(frame["experiment"] == row["experiment"]) & (frame["recipe"] == row["recipe"]) & same_tokens & (frame["arm"] == "slice")]
+    base = frame[(frame["experiment"] == row["experiment"]) & (frame["recipe"] == row["recipe"]) & same_tokens
+                 & (frame["arm"] == "slice")]
     return base.iloc[0] if len(base) else None
 
 

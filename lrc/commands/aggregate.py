@@ -16,10 +16,12 @@ class AggregateArgs:
     """Build one results table from evaluation JSONs (table1, sft, controls) or audit CSVs (audit)."""
 
     table: Literal["table1", "sft", "controls", "audit"] = field(
-        metadata={"help": "table1: distilled students before SFT; sft: after SFT; controls: every arm incl. confined/randcomp; audit: concatenated audit CSVs"}
+        metadata={"help": "table1: distilled students before SFT; sft: after SFT; controls: every arm incl. "
+                          "confined/randcomp; audit: concatenated audit CSVs"}
     )
-    inputs: list[Path] = field(metadata={"help": "results/{exp}/eval/*.json files (audit: results/{exp}/audit.csv files)"})
-    out: Path = field(metadata={"help": "CSV file to write"})
+    inputs: list[Path] = field(metadata={
+        "help": "results/{exp}/eval/*.json files (audit: results/{exp}/audit.csv files)"})
+    out: Path = field(metadata={"help": "CSV file to write", "output": "file"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

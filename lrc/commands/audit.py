@@ -64,7 +64,8 @@ def format_table(rows: list[dict]) -> str:
 
     table = [cols] + [[cell(r, c) for c in cols] for r in rows]
     widths = [max(len(line[j]) for line in table) for j in range(len(cols))]
-    return "\n".join("  ".join(x.rjust(w) if j else x.ljust(w) for j, (x, w) in enumerate(zip(line, widths))) for line in table)
+    return "\n".join("  ".join(x.rjust(w) if j else x.ljust(w) for j, (x, w) in enumerate(zip(line, widths)))
+                     for line in table)
 
 
 @dataclass(kw_only=True)
@@ -73,12 +74,18 @@ class AuditArgs:
 
     teacher: Path = field(metadata={"help": "teacher config.json or checkpoint directory", "positional": True})
     student_hidden: int = field(metadata={"help": "student hidden size r"})
-    csv: Path | None = field(default=None, metadata={"help": "also write the table as CSV here"})
-    student: Path | None = field(default=None, metadata={"help": "merged student checkpoint: measure MLP occupancy outside the teacher's spaces"})
-    bases: Path | None = field(default=None, metadata={"help": "teacher bases directory (computed from the teacher if omitted)"})
-    knockout: Path | None = field(default=None, metadata={"help": "write a copy of --student with the outside part removed here"})
-    occupancy_csv: Path | None = field(default=None, metadata={"help": "write --student's per-layer occupancy here (CSV: " + ",".join(OCCUPANCY_COLUMNS) + ")"})
-    allow_pickle: bool = field(default=False, metadata={"help": "accept teacher/student weights stored as pickles (pytorch_model.bin; can run code when loaded)"})
+    csv: Path | None = field(default=None, metadata={"help": "also write the table as CSV here", "output": "file"})
+    student: Path | None = field(default=None, metadata={
+        "help": "merged student checkpoint: measure MLP occupancy outside the teacher's spaces"})
+    bases: Path | None = field(default=None, metadata={
+        "help": "teacher bases directory (computed from the teacher if omitted)"})
+    knockout: Path | None = field(default=None, metadata={
+        "help": "write a copy of --student with the outside part removed here", "output": "dir"})
+    occupancy_csv: Path | None = field(default=None, metadata={
+        "help": "write --student's per-layer occupancy here (CSV: " + ",".join(OCCUPANCY_COLUMNS) + ")",
+        "output": "file"})
+    allow_pickle: bool = field(default=False, metadata={
+        "help": "accept teacher/student weights stored as pickles (pytorch_model.bin; can run code when loaded)"})
 
 
 def main(argv=None) -> int:
@@ -91,12 +98,14 @@ def main(argv=None) -> int:
     per_layer = None
     if args.student is not None:
         per_layer = _audit_student(args, cfg, rows)
-    print(f"teacher {cfg['model_type']} H={cfg['hidden_size']} d_ff={cfg['intermediate_size']} -> r={args.student_hidden}")
+    print(f"teacher {cfg['model_type']} H={cfg['hidden_size']} d_ff={cfg['intermediate_size']} -> "
+          f"r={args.student_hidden}")
     print(format_table(rows))
     print(f"MLP stranded fraction under plain LRC: {100 * mlp_stranded_fraction(cfg, args.student_hidden):.1f}%")
     if per_layer is not None:
         total = sum(r["energy"] for r in per_layer)
-        print(f"student MLP energy outside the teacher's spaces: {100 * sum(r['outside'] for r in per_layer) / total:.2f}%")
+        print("student MLP energy outside the teacher's spaces: "
+              f"{100 * sum(r['outside'] for r in per_layer) / total:.2f}%")
     if args.csv is not None:
         with atomic_file(args.csv) as tmp, tmp.open("w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(rows[0].keys()) + (["occupancy"] if per_layer else []))
@@ -107,10 +116,12 @@ def main(argv=None) -> int:
 
 def _audit_student(args, cfg, rows) -> list[dict]:
     if not Path(args.teacher).is_dir():
-        raise LRCError("--student needs the teacher's weights: give TEACHER as a checkpoint directory, not a config file")
+        raise LRCError("--student needs the teacher's weights: give TEACHER as a checkpoint directory, "
+                       "not a config file")
     teacher = load_teacher(args.teacher, allow_pickle=args.allow_pickle)
     student = load_causal_lm(args.student, dtype=torch.float32, role="--student", allow_pickle=args.allow_pickle)
-    if student.config.intermediate_size != cfg["intermediate_size"] or student.config.num_hidden_layers != cfg["num_hidden_layers"]:
+    if (student.config.intermediate_size != cfg["intermediate_size"]
+            or student.config.num_hidden_layers != cfg["num_hidden_layers"]):
         raise LRCError(f"--student {args.student} does not have the teacher's MLP width and depth")
     bases = load_bases(args.bases, teacher) if args.bases is not None else None
     per_layer = occupancy(teacher, student, bases)

@@ -62,7 +62,8 @@ from lrc.method.spectral import load_bases
 from lrc.method.student import build_student, student_config
 from lrc.names import ARMS, MAIN_ARMS
 from lrc.options import check_choice, parse_args
-from lrc.training.loop import TrainArgs, train
+from lrc.training.args import TrainArgs
+from lrc.training.loop import train
 from lrc.training.memory import peak_rss_mib, reset_peak_rss
 from lrc.training.optim import coordinate_maps
 
@@ -75,28 +76,42 @@ class BenchArgs:
 
     teacher: Path = field(metadata={"help": "teacher checkpoint directory, or a config JSON (random weights)"})
     student_hidden: int = field(metadata={"help": "student hidden size r"})
-    out: Path = field(metadata={"help": "CSV file to write"})
-    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={"help": "arms to time (kd, the baseline, is added unless --no-baseline); ARM:IMPL (core:parametrized) times an arm with another --core-impl"})
-    baseline: bool = field(default=True, metadata={"help": "time plain KD first and give every arm's ratios to it; --no-baseline: only --arms, "
-                                                            "the ratios to kd left blank (at large widths, where kd's own run is long)"})
+    out: Path = field(metadata={"help": "CSV file to write", "output": "file"})
+    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={
+        "help": "arms to time (kd, the baseline, is added unless --no-baseline); ARM:IMPL (core:parametrized) times an "
+                "arm with another --core-impl"})
+    baseline: bool = field(default=True, metadata={
+        "help": "time plain KD first and give every arm's ratios to it; --no-baseline: only --arms, "
+                "the ratios to kd left blank (at large widths, where kd's own run is long)"})
     recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe of the arms"})
     batch_size: int = field(default=8, metadata={"help": "sequences per micro-batch (one forward)"})
     micro_batches: int = field(default=1, metadata={"help": "micro-batches per optimiser step (gradient accumulation)"})
-    core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={"help": "core/randcomp: basis change in the optimiser step or a parametrisation (lrc.method.reach.apply_arm)"})
-    loss_impl: Literal["fused", "reference"] = field(default="fused", metadata={"help": "CE + KL: fused = chunked from hidden states (lrc.method.fused_loss), reference = on the [B, L, V] logits"})
-    activation_checkpointing: bool = field(default=False, metadata={"help": "checkpoint each decoder layer of every student, kd's too (lrc.training.recompute)"})
-    recompute_teacher: bool = field(default=False, metadata={"help": "with --activation-checkpointing: rerun the teacher's layers inside the student's (lrc distill --recompute-teacher)"})
+    core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={
+        "help": "core/randcomp: basis change in the optimiser step or a parametrisation (lrc.method.reach.apply_arm)"})
+    loss_impl: Literal["fused", "reference"] = field(default="fused", metadata={
+        "help": "CE + KL: fused = chunked from hidden states (lrc.method.fused_loss), reference = on "
+                "the [B, L, V] logits"})
+    activation_checkpointing: bool = field(default=False, metadata={
+        "help": "checkpoint each decoder layer of every student, kd's too (lrc.training.recompute)"})
+    recompute_teacher: bool = field(default=False, metadata={
+        "help": "with --activation-checkpointing: rerun the teacher's layers inside the student's (lrc distill "
+                "--recompute-teacher)"})
     seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
     steps: int = field(default=10, metadata={"help": "measured steps per run"})
     warmup_steps: int = field(default=3, metadata={"help": "steps run first and not measured"})
     repeats: int = field(default=3, metadata={"help": "runs per arm (fresh process each)"})
-    processes: int = field(default=1, metadata={"help": "data-parallel processes per run (DDP through torchrun; gloo on a CPU): each runs --micro-batches forwards per step, and core's basis changes are divided between them"})
+    processes: int = field(default=1, metadata={
+        "help": "data-parallel processes per run (DDP through torchrun; gloo on a CPU): each runs --micro-batches "
+                "forwards per step, and core's basis changes are divided between them"})
     threads: int = field(default=1, metadata={"help": "torch CPU threads"})
-    precision: Literal["auto", "fp32", "bf16"] = field(default="auto", metadata={"help": "as in training: auto = fp32 on CPU, bf16 on GPU"})
+    precision: Literal["auto", "fp32", "bf16"] = field(default="auto", metadata={
+        "help": "as in training: auto = fp32 on CPU, bf16 on GPU"})
     seed: int = field(default=0, metadata={"help": "seed of the random teacher, the students and the data"})
-    allow_pickle: bool = field(default=False, metadata={"help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
-    bases: Path | None = field(default=None, metadata={"help": "teacher bases directory for core/confined/randcomp (default: the SVD of the teacher, "
-                                                                "costly at large widths; any orthonormal bases of the right shapes time the same)"})
+    allow_pickle: bool = field(default=False, metadata={
+        "help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
+    bases: Path | None = field(default=None, metadata={
+        "help": "teacher bases directory for core/confined/randcomp (default: the SVD of the teacher, "
+                "costly at large widths; any orthonormal bases of the right shapes time the same)"})
 
 
 class RandomRows(torch.utils.data.Dataset):
@@ -143,7 +158,8 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     if arm == BASELINE:
         torch.manual_seed(args.seed)
         student = type(teacher)(student_config(teacher.config, args.student_hidden))
-        objective = KDObjective(teacher, student, temperature=recipe.temperature, kl_reduction=recipe.kl_reduction, loss_impl=args.loss_impl)
+        objective = KDObjective(teacher, student, temperature=recipe.temperature, kl_reduction=recipe.kl_reduction,
+                                loss_impl=args.loss_impl)
     else:
         name, _, impl = arm.partition(":")  # "core:parametrized": one arm, another core_impl
         student = build_student(teacher, args.student_hidden, seed=args.seed)
@@ -154,10 +170,10 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     total_steps = args.steps + args.warmup_steps
     per_step = args.batch_size * args.micro_batches * args.processes  # sequences per step, over all processes
     data = RandomRows(per_step * total_steps, args.seq_len, teacher.config.vocab_size, args.seed)
-    targs = TrainArgs(tokens=total_steps * per_step * args.seq_len, batch_size=per_step, micro_batch_size=args.batch_size,
-                      lr=1e-4, warmup=0.0, log_every=1, threads=args.threads, precision=args.precision, seed=args.seed,
-                      progress=False, ckpt_dir=work / "ckpt", activation_checkpointing=args.activation_checkpointing,
-                      recompute_teacher=args.recompute_teacher)
+    targs = TrainArgs(tokens=total_steps * per_step * args.seq_len, batch_size=per_step,
+                      micro_batch_size=args.batch_size, lr=1e-4, warmup=0.0, log_every=1, threads=args.threads,
+                      precision=args.precision, seed=args.seed, progress=False, ckpt_dir=work / "ckpt",
+                      activation_checkpointing=args.activation_checkpointing, recompute_teacher=args.recompute_teacher)
     summary = train(objective, student, data, targs, work / "out")
     on_gpu = torch.device(summary["device"]).type == "cuda"
     records = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
@@ -186,7 +202,8 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
 
 def _worker(payload: str) -> None:
     spec = json.loads(payload)
-    args = BenchArgs(**{k: (Path(v) if k in ("teacher", "out", "bases") and v is not None else v) for k, v in spec["args"].items()})
+    args = BenchArgs(**{k: (Path(v) if k in ("teacher", "out", "bases") and v is not None else v)
+                        for k, v in spec["args"].items()})
     with tempfile.TemporaryDirectory(prefix="lrc-bench-") as work:
         result = run_one(spec["arm"], args, Path(work))
     if int(os.environ.get("RANK", "0")) == 0:  # (under torchrun: process 0 speaks for the run)
@@ -196,13 +213,16 @@ def _worker(payload: str) -> None:
 
 
 def _spawn(arm: str, args: BenchArgs) -> dict:
-    payload = json.dumps({"arm": arm, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}})
+    payload = json.dumps({"arm": arm,
+                          "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(args).items()}})
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
     launcher = [sys.executable]
     if args.processes > 1:
-        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(args.processes), "--master-port", str(_free_port())]
+        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(args.processes), "--master-port",
+                     str(_free_port())]
         env |= {} if torch.cuda.is_available() else {"ACCELERATE_USE_CPU": "1"}  # accelerate: gloo on the CPU
-    proc = subprocess.run(launcher + ["-m", "lrc.commands.bench", "_worker", payload], capture_output=True, text=True, env=env)
+    proc = subprocess.run(launcher + ["-m", "lrc.commands.bench", "_worker", payload], capture_output=True, text=True,
+                          env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("LRC_BENCH_RESULT "):
             return json.loads(line.split(" ", 1)[1])
@@ -229,7 +249,8 @@ def bench(args: BenchArgs) -> list[dict]:
         check_choice("arm", name, ARMS)
         if impl:
             check_choice(f"core_impl of {arm}", impl, CORE_IMPLS)
-    for name in ("batch_size", "micro_batches", "seq_len", "steps", "repeats", "threads", "student_hidden", "processes"):
+    for name in ("batch_size", "micro_batches", "seq_len", "steps", "repeats", "threads", "student_hidden",
+                 "processes"):
         if getattr(args, name) < 1:
             raise LRCError(f"--{name.replace('_', '-')} must be >= 1")
     arms = [BASELINE] * args.baseline + [a for a in dict.fromkeys(args.arms) if a != BASELINE]
@@ -240,7 +261,8 @@ def bench(args: BenchArgs) -> list[dict]:
         order = arms[rep % len(arms):] + arms[: rep % len(arms)]
         for arm in order:
             runs[arm].append(_spawn(arm, args))
-            print(f"repeat {rep + 1}/{args.repeats} {arm}: median {1000 * statistics.median(runs[arm][-1]['step_times_s']):.1f} ms", file=sys.stderr)
+            print(f"repeat {rep + 1}/{args.repeats} {arm}: median "
+                  f"{1000 * statistics.median(runs[arm][-1]['step_times_s']):.1f} ms", file=sys.stderr)
     rows = []
     for arm in arms:
         def all_steps(key: str) -> list[float]:
@@ -258,7 +280,8 @@ def bench(args: BenchArgs) -> list[dict]:
             "optimizer_cpu_ms": 1000 * statistics.median(all_steps("optimizer_cpu_s")),
             "step_cpu_max_ms": 1000 * statistics.median(all_steps("step_cpu_max_s")),
             "optimizer_cpu_max_ms": 1000 * statistics.median(all_steps("optimizer_cpu_max_s")),
-            "tokens_per_s": args.batch_size * args.micro_batches * args.processes * args.seq_len / statistics.median(times),
+            "tokens_per_s": (args.batch_size * args.micro_batches * args.processes * args.seq_len
+                             / statistics.median(times)),
             "peak_memory_mib": peak,
             "step_memory_mib": above,
             "trainable_params": runs[arm][0]["trainable_params"],
@@ -272,17 +295,19 @@ def bench(args: BenchArgs) -> list[dict]:
     for row in rows:
         row["time_ratio_to_kd"] = row["step_time_ms"] / base["step_time_ms"]
         row["cpu_ratio_to_kd"] = row["step_cpu_ms"] / base["step_cpu_ms"]
-        row["memory_ratio_to_kd"] = row["step_memory_mib"] / base["step_memory_mib"] if base["step_memory_mib"] > 0 else nan
+        row["memory_ratio_to_kd"] = (row["step_memory_mib"] / base["step_memory_mib"] if base["step_memory_mib"] > 0
+                                     else nan)
     return rows
 
 
 def describe(args: BenchArgs, device: str) -> dict:
     teacher = load_bench_teacher(args.teacher, args.seed, args.allow_pickle)
     c = teacher.config
-    return {"teacher_hidden": c.hidden_size, "d_ff": c.intermediate_size, "layers": c.num_hidden_layers, "vocab": c.vocab_size,
-            "student_hidden": args.student_hidden, "batch_size": args.batch_size, "micro_batches": args.micro_batches,
-            "seq_len": args.seq_len, "processes": args.processes, "core_impl": args.core_impl, "loss_impl": args.loss_impl, "activation_checkpointing": args.activation_checkpointing,
-            "recompute_teacher": args.recompute_teacher,
+    return {"teacher_hidden": c.hidden_size, "d_ff": c.intermediate_size, "layers": c.num_hidden_layers,
+            "vocab": c.vocab_size, "student_hidden": args.student_hidden, "batch_size": args.batch_size,
+            "micro_batches": args.micro_batches, "seq_len": args.seq_len, "processes": args.processes,
+            "core_impl": args.core_impl, "loss_impl": args.loss_impl,
+            "activation_checkpointing": args.activation_checkpointing, "recompute_teacher": args.recompute_teacher,
             "threads": args.threads, "device": device, "recipe": args.recipe}
 
 
@@ -296,10 +321,13 @@ def write_csv(rows: list[dict], context: dict, path: Path) -> None:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = f"{'arm':<20}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}{'opt ms':>9}{'opt cpu':>9}{'opt max':>9}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}{'trainable':>12}{'p-calls':>9}{'o-maps (own)':>14}"
+    head = (f"{'arm':<20}{'step ms':>10}{'IQR ms':>9}{'x kd':>7}{'cpu ms':>9}{'x kd':>7}"
+            f"{'opt ms':>9}{'opt cpu':>9}{'opt max':>9}{'peak MiB':>10}{'step MiB':>10}{'x kd':>7}"
+            f"{'trainable':>12}{'p-calls':>9}{'o-maps (own)':>14}")
     lines = [head]
     for r in rows:
-        lines.append(f"{r['arm']:<20}{r['step_time_ms']:>10.1f}{r['step_time_iqr_ms']:>9.1f}{r['time_ratio_to_kd']:>7.2f}{r['step_cpu_ms']:>9.1f}{r['cpu_ratio_to_kd']:>7.2f}"
+        lines.append(f"{r['arm']:<20}{r['step_time_ms']:>10.1f}{r['step_time_iqr_ms']:>9.1f}{r['time_ratio_to_kd']:>7.2f}"
+                     f"{r['step_cpu_ms']:>9.1f}{r['cpu_ratio_to_kd']:>7.2f}"
                      f"{r['optimizer_ms']:>9.1f}{r['optimizer_cpu_ms']:>9.1f}{r['optimizer_cpu_max_ms']:>9.1f}"
                      f"{r['peak_memory_mib']:>10.0f}{r['step_memory_mib']:>10.0f}{r['memory_ratio_to_kd']:>7.2f}"
                      f"{r['trainable_params']:>12,}{r['parametrisation_calls_per_step']:>9.0f}"

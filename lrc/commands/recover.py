@@ -49,9 +49,11 @@ def recover_student(teacher, merged):
         raise LRCError(f"merged model is {mc.model_type!r}, the teacher is {tc.model_type!r}")
     for key in ("intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
         if getattr(mc, key) != getattr(tc, key):
-            raise LRCError(f"merged model's {key}={getattr(mc, key)} differs from the teacher's {getattr(tc, key)}: not an LRC student of it")
+            raise LRCError(f"merged model's {key}={getattr(mc, key)} differs from the teacher's {getattr(tc, key)}: "
+                           "not an LRC student of it")
     if bool(mc.tie_word_embeddings) != bool(tc.tie_word_embeddings):
-        raise LRCError(f"merged model tie_word_embeddings={mc.tie_word_embeddings} but the teacher's is {tc.tie_word_embeddings}")
+        raise LRCError(f"merged model tie_word_embeddings={mc.tie_word_embeddings} but the teacher's is "
+                       f"{tc.tie_word_embeddings}")
     student = build_student(teacher, mc.hidden_size, norm_eps=mc.rms_norm_eps)
     residuals: dict[str, float] = {}
 
@@ -61,19 +63,23 @@ def recover_student(teacher, merged):
             orig.copy_(factor.to(orig.dtype))
 
     with torch.no_grad():
-        for i, (s_layer, t_layer, m_layer) in enumerate(zip(student.model.layers, teacher.model.layers, merged.model.layers)):
+        for i, (s_layer, t_layer, m_layer) in enumerate(zip(student.model.layers, teacher.model.layers,
+                                                            merged.model.layers)):
             for name in ("q_proj", "k_proj", "v_proj"):
                 t, m, s = (getattr(x.self_attn, name) for x in (t_layer, m_layer, s_layer))
                 x, residuals[f"layers.{i}.{name}"] = _solve(t.weight, m.weight)
                 put(s, x)
                 if m.bias is not None:
                     s.bias.copy_(m.bias)
-            x, residuals[f"layers.{i}.o_proj"] = _solve(t_layer.self_attn.o_proj.weight.T, m_layer.self_attn.o_proj.weight.T)
+            x, residuals[f"layers.{i}.o_proj"] = _solve(t_layer.self_attn.o_proj.weight.T,
+                                                        m_layer.self_attn.o_proj.weight.T)
             put(s_layer.self_attn.o_proj, x.T)
             for name in ("gate_proj", "up_proj"):
-                x, residuals[f"layers.{i}.{name}"] = _solve(getattr(t_layer.mlp, name).weight, getattr(m_layer.mlp, name).weight)
+                x, residuals[f"layers.{i}.{name}"] = _solve(getattr(t_layer.mlp, name).weight,
+                                                            getattr(m_layer.mlp, name).weight)
                 put(getattr(s_layer.mlp, name), x.T)
-            x, residuals[f"layers.{i}.down_proj"] = _solve(t_layer.mlp.down_proj.weight.T, m_layer.mlp.down_proj.weight.T)
+            x, residuals[f"layers.{i}.down_proj"] = _solve(t_layer.mlp.down_proj.weight.T,
+                                                           m_layer.mlp.down_proj.weight.T)
             put(s_layer.mlp.down_proj, x.T)
         x, residuals["embed_tokens"] = _solve(teacher.model.embed_tokens.weight, merged.model.embed_tokens.weight)
         put(student.model.embed_tokens, x.T)
@@ -106,9 +112,12 @@ class RecoverArgs:
     teacher: Path = field(metadata={"help": "teacher checkpoint directory"})
     merged: Path = field(metadata={"help": "merged LRC student checkpoint directory (plain HF)"})
     out: Path = field(metadata={"help": "output LRC state directory (arm slice)"})
-    threshold: float = field(default=1e-3, metadata={"help": "relative residual above which the student is reported as not an LRC student"})
-    strict: bool = field(default=False, metadata={"help": "fail instead of warning when a residual exceeds the threshold"})
-    allow_pickle: bool = field(default=False, metadata={"help": "accept teacher/merged weights stored as pickles (pytorch_model.bin; can run code when loaded)"})
+    threshold: float = field(default=1e-3, metadata={
+        "help": "relative residual above which the student is reported as not an LRC student"})
+    strict: bool = field(default=False, metadata={
+        "help": "fail instead of warning when a residual exceeds the threshold"})
+    allow_pickle: bool = field(default=False, metadata={
+        "help": "accept teacher/merged weights stored as pickles (pytorch_model.bin; can run code when loaded)"})
 
 
 def main(argv=None) -> int:
@@ -119,14 +128,17 @@ def main(argv=None) -> int:
     report = summarize(residuals, args.threshold)
     if not report["is_lrc_student"]:
         msg = (
-            f"relative residual {report['max_relative_residual']:.3g} at {report['worst_weight']} exceeds {args.threshold:g}: "
-            f"{args.merged} is not an LRC student of this teacher; the recovered factors do NOT reproduce it"
+            f"relative residual {report['max_relative_residual']:.3g} at {report['worst_weight']} exceeds "
+            f"{args.threshold:g}: {args.merged} is not an LRC student of this teacher; the recovered "
+            "factors do NOT reproduce it"
         )
         if args.strict:
             raise LRCError(msg)
         print("WARNING: " + msg, file=sys.stderr)
-    save_lrc_state(student, args.out, recovered_from=str(args.merged), max_relative_residual=report["max_relative_residual"])
+    save_lrc_state(student, args.out, recovered_from=str(args.merged),
+                   max_relative_residual=report["max_relative_residual"])
     write_json_atomic(args.out / RECOVER_REPORT, report)
     write_settings(args.out, "recover", args, max_relative_residual=report["max_relative_residual"])
-    print(f"recovered factors into {args.out}: max relative residual {report['max_relative_residual']:.3g} ({report['worst_weight']})")
+    print(f"recovered factors into {args.out}: max relative residual {report['max_relative_residual']:.3g} "
+          f"({report['worst_weight']})")
     return 0

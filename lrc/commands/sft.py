@@ -19,7 +19,8 @@ from lrc.io.hf import load_causal_lm, load_tokenizer
 from lrc.io.tokens import check_vocab, open_token_data
 from lrc.method.objectives import LMObjective
 from lrc.options import parse_args
-from lrc.training.loop import TrainArgs, train, train_args_from
+from lrc.training.args import TrainArgs, train_args_from
+from lrc.training.loop import train
 from lrc.training.outputs import save_hf_output
 
 
@@ -29,7 +30,8 @@ class SftArgs(TrainArgs):
 
     model: Path = field(metadata={"help": "HF checkpoint directory (with its tokenizer)"})
     data: Path = field(metadata={"help": "chat token directory with a loss mask (or a `lrc tokenize --chat` output)"})
-    out: Path = field(metadata={"help": "output directory: the fine-tuned HF checkpoint + tokenizer"})
+    out: Path = field(metadata={"help": "output directory: the fine-tuned HF checkpoint + tokenizer",
+                                "output": "dir"})
     tokens: int | None = field(default=None, metadata={"help": "token budget (default: --epochs passes over the data)"})
     epochs: float = field(default=1.0, metadata={"help": "passes over the chat set when --tokens is not given"})
     lr: float = field(default=1e-5, metadata={"help": "peak learning rate"})

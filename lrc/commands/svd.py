@@ -25,8 +25,10 @@ class SvdArgs:
 
     teacher: Path = field(metadata={"help": "teacher checkpoint directory (HF format)"})
     out: Path = field(metadata={"help": "output directory for the bases"})
-    device: str = field(default="cpu", metadata={"help": "where the float64 SVDs run: cpu (LAPACK, the reference) or cuda (much faster at paper scale)"})
-    allow_pickle: bool = field(default=False, metadata={"help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
+    device: str = field(default="cpu", metadata={
+        "help": "where the float64 SVDs run: cpu (LAPACK, the reference) or cuda (much faster at paper scale)"})
+    allow_pickle: bool = field(default=False, metadata={
+        "help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
 
 
 def main(argv=None) -> int:

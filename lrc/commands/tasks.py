@@ -45,18 +45,24 @@ CUT_SEARCH = 8  # tokens after the nominal cut searched for one that starts with
 
 @dataclass(kw_only=True)
 class TasksArgs:
-    """Write a local lm-eval task directory from held-out documents (true continuation vs. other documents', vs. shuffled words)."""
+    """Write a local lm-eval task directory from held-out documents (true continuation vs. other
+    documents', vs. shuffled words)."""
 
-    data: Path = field(metadata={"help": "held-out token directory (valid/ of `lrc tokenize`, or its output directory) or a .jsonl/.txt text file"})
-    tokenizer: str = field(metadata={"help": "tokenizer directory (the teacher's): decodes token rows, measures spans in tokens"})
-    out: Path = field(metadata={"help": "task directory to write"})
-    kinds: list[str] = field(default_factory=lambda: list(KINDS), metadata={"help": "task kinds: continuation, shuffled"})
+    data: Path = field(metadata={
+        "help": "held-out token directory (valid/ of `lrc tokenize`, or its output directory) or a "
+                ".jsonl/.txt text file"})
+    tokenizer: str = field(metadata={
+        "help": "tokenizer directory (the teacher's): decodes token rows, measures spans in tokens"})
+    out: Path = field(metadata={"help": "task directory to write", "output": "dir"})
+    kinds: list[str] = field(default_factory=lambda: list(KINDS), metadata={
+        "help": "task kinds: continuation, shuffled"})
     items: int = field(default=200, metadata={"help": "questions per task at most (one per document)"})
     choices: int = field(default=4, metadata={"help": "choices of the continuation task (1 true + distractors)"})
     prefix_tokens: int = field(default=48, metadata={"help": "context length in tokens"})
     continuation_tokens: int = field(default=16, metadata={"help": "length of each choice in tokens"})
     text_field: str = field(default="text", metadata={"help": ".jsonl input: the field holding the text"})
-    seed: int = field(default=0, metadata={"help": "seed of the document order, distractors, gold positions and shuffles"})
+    seed: int = field(default=0, metadata={
+        "help": "seed of the document order, distractors, gold positions and shuffles"})
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.kinds if k not in KINDS]
@@ -206,8 +212,9 @@ def build_tasks(docs: list[list[int]], args: TasksArgs, tokenizer: Any) -> dict[
     for kind in args.kinds:
         made = makers[kind](pairs, args, random.Random(f"{args.seed}-{kind}"))
         if not made:
-            raise LRCError(f"--data {args.data}: too few documents of {args.prefix_tokens + CUT_SEARCH + args.continuation_tokens}+ "
-                           f"tokens for the {kind} task ({len(pairs)} long enough, of {len(docs)})")
+            raise LRCError(f"--data {args.data}: too few documents of "
+                           f"{args.prefix_tokens + CUT_SEARCH + args.continuation_tokens}+ tokens for the {kind} task "
+                           f"({len(pairs)} long enough, of {len(docs)})")
         out[f"heldout_{kind}"] = made
     return out
 
@@ -220,7 +227,8 @@ def write_tasks(tasks: dict[str, list[dict[str, Any]]], args: TasksArgs, documen
     suite = {"name": "heldout", "aggregate": "Avg", "tasks": {}}
     with atomic_dir(args.out) as tmp:
         for name, docs in tasks.items():
-            (tmp / f"{name}.jsonl").write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+            (tmp / f"{name}.jsonl").write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs),
+                                               encoding="utf-8")
             config = task_template()
             config["task"] = name
             # The final absolute path, so lm-eval run by hand finds it (`lrc evaluate` re-points it).
@@ -238,5 +246,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     docs = load_documents(args, tokenizer)
     tasks = build_tasks(docs, args, tokenizer)
     write_tasks(tasks, args, len(docs))
-    print(f"tasks: wrote {args.out} ({', '.join(f'{k} {len(v)}' for k, v in tasks.items())}; from {len(docs)} documents)")
+    print(f"tasks: wrote {args.out} ({', '.join(f'{k} {len(v)}' for k, v in tasks.items())}; from "
+          f"{len(docs)} documents)")
     return 0

@@ -71,7 +71,8 @@ def resolve_separator(tokenizer: Any, rule: str = "auto") -> Separator:
         rule = EOS_BOS if token is None or vocab.get(token) == tokenizer.eos_token_id else token
     if rule == EOS_BOS:
         if tokenizer.eos_token_id is None:
-            raise LRCError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no eos token; --separator eos-bos needs one")
+            raise LRCError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no eos token; "
+                           "--separator eos-bos needs one")
         tail = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()  # Qwen has no bos
         return Separator((tokenizer.eos_token_id,), tail, "eos+text+bos" if tail else "eos+text")
     if rule not in vocab:
@@ -101,7 +102,8 @@ def chat_ids(tokenizer: Any, messages: Sequence[dict]) -> tuple[list[int], list[
         start = len(_render(tokenizer, messages[:k], add_generation_prompt=True)) if k else 0
         upto = _render(tokenizer, messages[: k + 1], add_generation_prompt=False)
         if not full.startswith(upto):
-            raise LRCError("the chat template does not render conversations prefix-consistently; cannot locate assistant turns")
+            raise LRCError("the chat template does not render conversations prefix-consistently; "
+                           "cannot locate assistant turns")
         spans.append((start, len(upto)))
     enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
     mask = [int(any(s <= a < e for s, e in spans)) for a, _ in enc["offset_mapping"]]
@@ -163,25 +165,42 @@ class TokenizeArgs:
     """Tokenise a corpus (or a chat set with --chat) into OUT/train and OUT/valid token directories."""
 
     tokenizer: str = field(metadata={"help": "tokenizer directory (or hub id) whose ids to write"})
-    source: str | None = field(default=None, metadata={"help": "local .jsonl/.json/.txt/.parquet file, a `datasets` hub id, or a local dataset repository directory (or give --mixture)"})
-    mixture: Path | None = field(default=None, metadata={"help": "instead of --source: YAML file whose 'sources' list mixes several sources (keys: source, split, dataset_config, revision, text_field, messages_field, chat, filter_field, filter_min, share)"})
-    out: Path = field(metadata={"help": "output directory; gets train/ and valid/"})
+    source: str | None = field(default=None, metadata={
+        "help": "local .jsonl/.json/.txt/.parquet file, a `datasets` hub id, or a local dataset repository "
+                "directory (or give --mixture)"})
+    mixture: Path | None = field(default=None, metadata={
+        "help": "instead of --source: YAML file whose 'sources' list mixes several sources (keys: source, split, "
+                "dataset_config, revision, text_field, messages_field, chat, filter_field, filter_min, share)"})
+    out: Path = field(metadata={"help": "output directory; gets train/ and valid/", "output": "dir",
+                                "parts": ("train", "valid")})
     seq_len: int = field(metadata={"help": "tokens per row"})
-    valid_source: str | None = field(default=None, metadata={"help": "a separate source for valid/ (else split off --source)"})
+    valid_source: str | None = field(default=None, metadata={
+        "help": "a separate source for valid/ (else split off --source)"})
     split: str = field(default="train", metadata={"help": "dataset split (hub sources)"})
     dataset_config: str | None = field(default=None, metadata={"help": "dataset configuration name (hub sources)"})
-    revision: str | None = field(default=None, metadata={"help": "dataset revision: branch, tag or commit (hub sources)"})
-    filter_field: str | None = field(default=None, metadata={"help": "keep only records whose numeric field (dotted for nested, e.g. metadata.int_score) is >= --filter-min"})
+    revision: str | None = field(default=None, metadata={
+        "help": "dataset revision: branch, tag or commit (hub sources)"})
+    filter_field: str | None = field(default=None, metadata={
+        "help": "keep only records whose numeric field (dotted for nested, e.g. metadata.int_score) "
+                "is >= --filter-min"})
     filter_min: float | None = field(default=None, metadata={"help": "threshold of --filter-field"})
     text_field: str = field(default="text", metadata={"help": "record field holding the document text"})
     messages_field: str = field(default="messages", metadata={"help": "record field holding the conversation (--chat)"})
-    chat: bool = field(default=False, metadata={"help": "chat data: render with the chat template, mask = assistant tokens"})
-    chat_layout: Literal["pack", "pad"] = field(default="pack", metadata={"help": "chat rows: pack conversations, or one padded (truncated) conversation per row"})
+    chat: bool = field(default=False, metadata={
+        "help": "chat data: render with the chat template, mask = assistant tokens"})
+    chat_layout: Literal["pack", "pad"] = field(default="pack", metadata={
+        "help": "chat rows: pack conversations, or one padded (truncated) conversation per row"})
     max_tokens: int | None = field(default=None, metadata={"help": "stop when train/ holds this many tokens"})
-    valid_fraction: float = field(default=0.01, metadata={"help": "fraction of documents split off into valid/ (no --valid-source)"})
-    valid_rows: int | None = field(default=None, metadata={"help": "instead: the first documents fill this many valid rows"})
-    model_vocab: int | None = field(default=None, metadata={"help": "refuse a tokenizer larger than this embedding size"})
-    separator: str = field(default="auto", metadata={"help": "document separator: 'auto' (the tokenizer's end-of-text token, <|endoftext|> / <|end_of_text|> / </s>, else eos; eos-bos when that is its eos), 'eos-bos' (eos + text + bos, the LRC recipe) or a token of the vocabulary put before each document"})
+    valid_fraction: float = field(default=0.01, metadata={
+        "help": "fraction of documents split off into valid/ (no --valid-source)"})
+    valid_rows: int | None = field(default=None, metadata={
+        "help": "instead: the first documents fill this many valid rows"})
+    model_vocab: int | None = field(default=None, metadata={
+        "help": "refuse a tokenizer larger than this embedding size"})
+    separator: str = field(default="auto", metadata={
+        "help": "document separator: 'auto' (the tokenizer's end-of-text token, <|endoftext|> / <|end_of_text|> / "
+                "</s>, else eos; eos-bos when that is its eos), 'eos-bos' (eos + text + bos, the LRC recipe) or a "
+                "token of the vocabulary put before each document"})
 
     def __post_init__(self) -> None:
         if (self.source is None) == (self.mixture is None):
@@ -243,7 +262,8 @@ def _texts(records: Iterable[dict], spec: SourceSpec, tokenizer: Any) -> Iterato
         else:
             text = record_field(record, spec.text_field, spec.source)
             if not isinstance(text, str):
-                raise LRCError(f"source {spec.source}: field {spec.text_field!r} must be a string, got {type(text).__name__}")
+                raise LRCError(f"source {spec.source}: field {spec.text_field!r} must be a string, got "
+                               f"{type(text).__name__}")
         if text:
             yield (record["name"] if named else None), text
 

@@ -18,9 +18,10 @@ from lrc.world.generator import WorldSize
 class WorldArgs:
     """Generate the built-in tiny world (corpus, SFT chats, tasks, tokenizer, teacher config)."""
 
-    out: Path = field(metadata={"help": "output directory (replaced atomically)"})
+    out: Path = field(metadata={"help": "output directory (replaced atomically)", "output": "dir"})
     seed: int = field(default=0, metadata={"help": "the world's seed: same seed, same bytes"})
-    size: Literal["default", "test"] = field(default="default", metadata={"help": "preset sizes; the options below override them"})
+    size: Literal["default", "test"] = field(default="default", metadata={
+        "help": "preset sizes; the options below override them"})
     people: int | None = field(default=None, metadata={"help": "number of people"})
     cities: int | None = field(default=None, metadata={"help": "number of cities"})
     docs_per_person: int | None = field(default=None, metadata={"help": "training documents per person (exposures)"})
@@ -28,7 +29,8 @@ class WorldArgs:
     eval_docs: int | None = field(default=None, metadata={"help": "documents per evaluation task"})
     vocab_size: int | None = field(default=None, metadata={"help": "tokenizer vocabulary size"})
     hidden_size: int | None = field(default=None, metadata={"help": "teacher hidden size H"})
-    intermediate_size: int | None = field(default=None, metadata={"help": "teacher MLP width d_ff (rho = d_ff/H >= 2.67)"})
+    intermediate_size: int | None = field(default=None, metadata={
+        "help": "teacher MLP width d_ff (rho = d_ff/H >= 2.67)"})
     num_hidden_layers: int | None = field(default=None, metadata={"help": "teacher layers"})
     num_attention_heads: int | None = field(default=None, metadata={"help": "teacher attention heads"})
     num_key_value_heads: int | None = field(default=None, metadata={"help": "teacher KV heads (GQA)"})
@@ -49,8 +51,10 @@ class WorldArgs:
         if sizes["intermediate_size"] / sizes["hidden_size"] < 2.67:
             raise LRCError(f"--intermediate-size {sizes['intermediate_size']} / --hidden-size {sizes['hidden_size']} "
                            "= rho below 2.67, outside the paper's range")
-        if sizes["hidden_size"] % sizes["num_attention_heads"] or sizes["num_attention_heads"] % sizes["num_key_value_heads"]:
-            raise LRCError("--hidden-size must divide into --num-attention-heads, which must divide into --num-key-value-heads")
+        if (sizes["hidden_size"] % sizes["num_attention_heads"]
+                or sizes["num_attention_heads"] % sizes["num_key_value_heads"]):
+            raise LRCError("--hidden-size must divide into --num-attention-heads, which must divide into "
+                           "--num-key-value-heads")
         return sizes
 
 

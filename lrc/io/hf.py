@@ -122,7 +122,8 @@ def weight_files(directory: str | os.PathLike, role: str = "model", *, allow_pic
     return pickles
 
 
-def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype, role: str = "model", allow_pickle: bool = False) -> nn.Module:
+def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype, role: str = "model",
+                   allow_pickle: bool = False) -> nn.Module:
     """The one loader of a causal LM from a local directory, in eval mode, on the CPU.
 
     ``dtype`` is explicit; no remote code; safetensors only unless ``allow_pickle``
@@ -135,7 +136,8 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype, role: str = "
     files = weight_files(d, role, allow_pickle=allow_pickle)
     pickled = files[0].suffix != ".safetensors"
     try:
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, trust_remote_code=False, use_safetensors=not pickled)
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, trust_remote_code=False,
+                                                     use_safetensors=not pickled)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
         raise LRCError(f"cannot load {role} {d}: {type(err).__name__}: {err}") from err
     return model.eval()
@@ -154,13 +156,15 @@ def cast_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
-def load_teacher(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *, allow_pickle: bool = False) -> nn.Module:
+def load_teacher(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
+                 allow_pickle: bool = False) -> nn.Module:
     """A teacher checkpoint (llama or qwen2) via :func:`load_causal_lm`; float32 by default.
 
     Not frozen here (see the module doc): the student built on it freezes it."""
     config = read_config(path, "teacher")
     if config.get("model_type") not in SUPPORTED_MODEL_TYPES:
-        raise LRCError(f"unsupported teacher model_type {config.get('model_type')!r} in {path}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise LRCError(f"unsupported teacher model_type {config.get('model_type')!r} in {path}; supported: "
+                       f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     return load_causal_lm(path, dtype=dtype, role="teacher", allow_pickle=allow_pickle)
 
 

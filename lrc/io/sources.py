@@ -2,7 +2,8 @@
 
 A source is a local ``.jsonl``/``.json``/``.txt``/``.parquet`` file, a `datasets` hub id, a
 local directory that `datasets` reads like one, or a built-in corpus (:data:`BUILTIN_SOURCES`:
-``python-stdlib-docs``, the docstrings of Python's own standard library, on every machine). A corpus may mix several sources
+``python-stdlib-docs``, the docstrings of Python's own standard library, on every machine).
+A corpus may mix several sources
 (``--mixture FILE``, a YAML list of :class:`SourceSpec` entries): :func:`mix` interleaves
 their documents so that each source's token count tracks its share, and a row filter
 (``filter_field``/``filter_min``) keeps only records scoring at least a threshold.

@@ -132,7 +132,8 @@ class TokenWriter:
         directory takes its final name when the ``with`` block ends."""
         self._close()
         if self.rows == 0:
-            raise LRCError(f"no complete row of {self.seq_len} tokens for {self.final} (source {self.source!r} is empty or too short)")
+            raise LRCError(f"no complete row of {self.seq_len} tokens for {self.final} (source {self.source!r} "
+                           "is empty or too short)")
         manifest = {
             "format": FORMAT_VERSION,
             "tokenizer": tokenizer_record(self.tokenizer),
@@ -342,7 +343,8 @@ class TokenDataset(torch.utils.data.Dataset):
             expected = self.rows * self.seq_len * itemsize
             actual = path.stat().st_size if path.exists() else None
             if actual != expected:
-                raise LRCError(f"{path}: expected {expected} bytes for {self.rows} x {self.seq_len} rows, found {actual}")
+                raise LRCError(f"{path}: expected {expected} bytes for {self.rows} x {self.seq_len} "
+                               f"rows, found {actual}")
 
     def _check_tokenizer(self, expected: Any) -> None:
         if isinstance(expected, (str, os.PathLike)) and Path(expected).is_dir():

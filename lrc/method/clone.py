@@ -71,20 +71,26 @@ CLONE_NORMS = ("none", "teacher_ms")
 class RecipeArgs:
     """Loss recipe. ``kl``: logit KL only (ce_weight 0, no clone terms) unless overridden."""
 
-    recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "lrc = CE + KL + alpha * clone MSE; kl = logit KL only"})
+    recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={
+        "help": "lrc = CE + KL + alpha * clone MSE; kl = logit KL only"})
     alpha: float = field(default=0.2, metadata={"help": "weight of the summed clone MSE terms"})
     temperature: float = field(default=40.0, metadata={"help": "KL temperature (no T^2 factor)"})
-    kl_reduction: Literal["batchmean", "token"] = field(default="batchmean", metadata={"help": "batchmean: sum / sequences (reference); token: per-token mean"})
+    kl_reduction: Literal["batchmean", "token"] = field(default="batchmean", metadata={
+        "help": "batchmean: sum / sequences (reference); token: per-token mean"})
     ce_weight: float | None = field(default=None, metadata={"help": "weight of CE (default: 1 for lrc, 0 for kl)"})
     kl_weight: float = field(default=1.0, metadata={"help": "weight of the KL term"})
-    clone_terms: list[str] | None = field(default=None, metadata={"help": f"clone terms to use (default: all for lrc, none for kl); any of {', '.join(CLONE_TERMS)}"})
-    clone_layers: list[int] | None = field(default=None, metadata={"help": "layers whose clone terms count (default: all)"})
+    clone_terms: list[str] | None = field(default=None, metadata={
+        "help": f"clone terms to use (default: all for lrc, none for kl); any of {', '.join(CLONE_TERMS)}"})
+    clone_layers: list[int] | None = field(default=None, metadata={
+        "help": "layers whose clone terms count (default: all)"})
     clone_norm: Literal["none", "teacher_ms"] = field(default="none", metadata={
-        "help": "none: each clone term is the plain MSE (the reference); teacher_ms: each layer's MSE divided by its target's mean square "
-                "(detached): a relative error per layer and term, whatever its activation scale (massive activations)"})
+        "help": "none: each clone term is the plain MSE (the reference); teacher_ms: each layer's MSE divided by its "
+                "target's mean square (detached): a relative error per layer and term, whatever its activation scale "
+                "(massive activations)"})
     loss_impl: Literal["fused", "reference"] = field(default="fused", metadata={
-        "help": "CE + KL: fused = chunked from the final hidden states and head weights, no [B, L, V] logits (lrc.method.fused_loss); "
-                "reference = on the logits (lrc.method.losses); the same values to fp32 rounding"})
+        "help": "CE + KL: fused = chunked from the final hidden states and head weights, no [B, L, V] logits "
+                "(lrc.method.fused_loss); reference = on the logits (lrc.method.losses); "
+                "the same values to fp32 rounding"})
 
     def __post_init__(self):
         check_choice("recipe", self.recipe, RECIPES)
@@ -307,12 +313,14 @@ class _StudentTerms:
 class CloneObjective:
     """``loss(batch, model=None) -> (total, terms)`` for a teacher/student pair and a recipe."""
 
-    def __init__(self, teacher, student, recipe: RecipeArgs, *, loss_impl: str | None = None, recompute_teacher: bool = False):
+    def __init__(self, teacher, student, recipe: RecipeArgs, *, loss_impl: str | None = None,
+                 recompute_teacher: bool = False):
         if not isinstance(recipe, RecipeArgs):
             raise LRCError("CloneObjective needs a lrc.method.clone.RecipeArgs")
         loss_impl = recipe.loss_impl if loss_impl is None else loss_impl  # the recipe's, unless given
         check_choice("loss_impl", loss_impl, LOSS_IMPLS)
-        self.loss_impl = loss_impl  # CE + KL: "fused" (chunked, lrc.method.fused_loss) or "reference" (lrc.method.losses on logits)
+        # CE + KL: "fused" (chunked, lrc.method.fused_loss) or "reference" (lrc.method.losses on logits)
+        self.loss_impl = loss_impl
         # --recompute-teacher: rerun the teacher's layers inside the student's, when those run checkpointed (module doc)
         self.recompute_teacher = recompute_teacher
         # The teacher arrives frozen: the student was built on it (lrc.io.hf, "Where the teacher is frozen").
@@ -340,7 +348,8 @@ class CloneObjective:
     def layer_terms(self) -> dict[str, dict[tuple[int, str], torch.Tensor]]:
         """The last batch's clone terms per (layer, term), detached: ``value`` (as in the loss),
         ``mse`` (unnormalised) and ``target_ms`` (the target's mean square)."""
-        return {"value": {k: v.detach() for k, v in self._s.values.items()}, "mse": dict(self._s.raw), "target_ms": dict(self._s.target_ms)}
+        return {"value": {k: v.detach() for k, v in self._s.values.items()}, "mse": dict(self._s.raw),
+                "target_ms": dict(self._s.target_ms)}
 
     def _teacher_forward(self, input_ids, keep_calls: bool = False):
         """The teacher's logits (reference) or final hidden states (fused: the body only, no
@@ -390,10 +399,12 @@ class CloneObjective:
         if self.loss_impl == "fused":
             return fused_ce_kl(
                 *s_out, t_out, head_weight(self.teacher), input_ids, loss_mask,
-                temperature=r.temperature, kl_positions="all", kl_reduction=r.kl_reduction, ce_weight=r.ce_weight, kl_weight=r.kl_weight,
+                temperature=r.temperature, kl_positions="all", kl_reduction=r.kl_reduction,
+                ce_weight=r.ce_weight, kl_weight=r.kl_weight,
             )
         ce = next_token_ce(s_out, input_ids, loss_mask)
-        kl = kl_divergence(t_out, s_out, r.temperature, None if loss_mask is None else kl_position_mask(loss_mask, "all"), r.kl_reduction)
+        kl = kl_divergence(t_out, s_out, r.temperature,
+                           None if loss_mask is None else kl_position_mask(loss_mask, "all"), r.kl_reduction)
         return r.ce_weight * ce + r.kl_weight * kl, ce, kl
 
     def loss(self, batch, model=None):
@@ -403,8 +414,10 @@ class CloneObjective:
         if loss_mask is not None:
             loss_mask = loss_mask.to(device=input_ids.device, dtype=torch.bool)
         r = self.recipe
-        rerun = self.recompute_teacher and bool(self.terms) and _runs_checkpointed(self.student.model.layers[self.layers[0]])
-        self._s.clear()  # first: what a loss without backward left (its teacher calls) is not alive in this teacher forward
+        rerun = (self.recompute_teacher and bool(self.terms)
+                 and _runs_checkpointed(self.student.model.layers[self.layers[0]]))
+        # first: what a loss without backward left (its teacher calls) is not alive in this teacher forward
+        self._s.clear()
         t_out, t_acts, calls = self._teacher_forward(input_ids, keep_calls=rerun)
         self._s.interleaved = rerun
         self._s.teacher_acts.update(t_acts)

@@ -86,7 +86,8 @@ def _chunk_grad_and_terms(hs, ht, s_weight, t_weight, target, ce_coef, kl_coef, 
 
 class _FusedCEKL(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s_hidden, s_weight, t_hidden, t_weight, targets, ce_row_w, kl_row_w, temperature, ce_weight, kl_weight, chunk_rows):
+    def forward(ctx, s_hidden, s_weight, t_hidden, t_weight, targets, ce_row_w, kl_row_w, temperature, ce_weight,
+                kl_weight, chunk_rows):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         want_grad = need_h or need_w
         grad_h = torch.empty_like(s_hidden) if need_h else None
@@ -98,7 +99,8 @@ class _FusedCEKL(torch.autograd.Function):
             ce_w, kl_w = ce_row_w[rows, None], kl_row_w[rows, None]
             hs = s_hidden[rows]
             ce_row, kl_row, grad = _chunk_grad_and_terms(
-                hs, t_hidden[rows], s_weight, t_weight, targets[rows], ce_w * ce_weight if ce_weight else None, kl_w * kl_weight, temperature, want_grad
+                hs, t_hidden[rows], s_weight, t_weight, targets[rows], ce_w * ce_weight if ce_weight else None,
+                kl_w * kl_weight, temperature, want_grad
             )
             ce += (ce_row * ce_w.squeeze(1)).sum()
             kl += (kl_row * kl_w.squeeze(1)).sum()
@@ -151,9 +153,12 @@ def fused_ce_kl(
     with a gradient). Same values as ``next_token_ce`` and ``kl_divergence`` on the logits."""
     B, L = input_ids.shape
     if s_hidden.shape[:2] != (B, L) or t_hidden.shape[:2] != (B, L):
-        raise LRCError(f"fused loss: hidden states {tuple(s_hidden.shape)} (student), {tuple(t_hidden.shape)} (teacher) do not match input_ids {tuple(input_ids.shape)}")
-    if s_weight.shape[0] != t_weight.shape[0] or s_weight.shape[1] != s_hidden.shape[-1] or t_weight.shape[1] != t_hidden.shape[-1]:
-        raise LRCError(f"fused loss: head weights {tuple(s_weight.shape)} (student), {tuple(t_weight.shape)} (teacher) do not fit hidden sizes {s_hidden.shape[-1]}, {t_hidden.shape[-1]} and one vocabulary")
+        raise LRCError(f"fused loss: hidden states {tuple(s_hidden.shape)} (student), {tuple(t_hidden.shape)} "
+                       f"(teacher) do not match input_ids {tuple(input_ids.shape)}")
+    if (s_weight.shape[0] != t_weight.shape[0] or s_weight.shape[1] != s_hidden.shape[-1]
+            or t_weight.shape[1] != t_hidden.shape[-1]):
+        raise LRCError(f"fused loss: head weights {tuple(s_weight.shape)} (student), {tuple(t_weight.shape)} (teacher) "
+                       f"do not fit hidden sizes {s_hidden.shape[-1]}, {t_hidden.shape[-1]} and one vocabulary")
     if not temperature > 0:
         raise LRCError(f"temperature must be positive, got {temperature!r}")
     chunk_rows = default_chunk_rows(s_weight.shape[0]) if chunk_rows is None else int(chunk_rows)
@@ -162,7 +167,8 @@ def fused_ce_kl(
     targets, ce_w, kl_w = position_weights(input_ids, loss_mask, kl_positions, kl_reduction)
     return _FusedCEKL.apply(
         s_hidden.reshape(B * L, -1), s_weight, t_hidden.reshape(B * L, -1), t_weight,
-        targets.reshape(-1), ce_w.reshape(-1), kl_w.reshape(-1), float(temperature), float(ce_weight), float(kl_weight), chunk_rows,
+        targets.reshape(-1), ce_w.reshape(-1), kl_w.reshape(-1),
+        float(temperature), float(ce_weight), float(kl_weight), chunk_rows,
     )
 
 

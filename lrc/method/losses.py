@@ -24,7 +24,8 @@ from lrc.names import KL_REDUCTIONS
 from lrc.options import check_choice
 
 
-def kl_per_position(teacher_logits: torch.Tensor, student_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def kl_per_position(teacher_logits: torch.Tensor, student_logits: torch.Tensor,
+                    temperature: float = 1.0) -> torch.Tensor:
     """Forward KL(p_T ‖ p_S) of the temperature-softened distributions at each position [...]."""
     log_t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
     log_s = F.log_softmax(student_logits.float() / temperature, dim=-1)

@@ -46,7 +46,8 @@ class KDObjective:
     (:mod:`lrc.method.fused_loss`, no ``[B, L, V]`` logits); ``"reference"``: on the logits.
     """
 
-    def __init__(self, teacher: torch.nn.Module, student: torch.nn.Module, *, temperature: float = 40.0, kl_reduction: str = "batchmean", loss_impl: str = "fused"):
+    def __init__(self, teacher: torch.nn.Module, student: torch.nn.Module, *, temperature: float = 40.0,
+                 kl_reduction: str = "batchmean", loss_impl: str = "fused"):
         if kl_reduction not in KL_REDUCTIONS:
             raise LRCError(f"unknown kl_reduction {kl_reduction!r}; choose one of: {', '.join(KL_REDUCTIONS)}")
         if temperature <= 0:
@@ -77,7 +78,8 @@ class KDObjective:
             t_hidden = self.teacher.model(input_ids=ids, use_cache=False).last_hidden_state
         mask = batch.get("loss_mask")
         total, _, kl = fused_ce_kl(
-            *hidden_and_head(model, ids), t_hidden, head_weight(self.teacher), ids, None if mask is None else mask.bool(),
-            temperature=self.temperature, kl_positions="next", kl_reduction=self.kl_reduction, ce_weight=0.0, kl_weight=1.0,
+            *hidden_and_head(model, ids), t_hidden, head_weight(self.teacher), ids,
+            None if mask is None else mask.bool(), temperature=self.temperature, kl_positions="next",
+            kl_reduction=self.kl_reduction, ce_weight=0.0, kl_weight=1.0,
         )
         return total, {"kl": kl}  # total = 1·KL + 0·CE: the KL, with its gradient

@@ -115,8 +115,8 @@ def _teacher_operand(handle: TeacherTensor, factor: torch.Tensor) -> torch.Tenso
     another dtype outside autocast, e.g. a bf16 teacher and an fp32 student) cast per use."""
     t = handle.get()
     if t.device != factor.device:
-        raise LRCError(f"the LRC student reads its teacher's {handle.name} on {t.device}, its factors are on {factor.device}: "
-                       "place the teacher on the student's device")
+        raise LRCError(f"the LRC student reads its teacher's {handle.name} on {t.device}, its factors are "
+                       f"on {factor.device}: place the teacher on the student's device")
     if t.dtype != factor.dtype and not torch.is_autocast_enabled(factor.device.type):
         return t.to(factor.dtype)
     return t

@@ -27,7 +27,8 @@ def read_teacher_config(path: str | Path) -> dict:
         raise LRCError(f"teacher {p}: no config.json found")
     cfg = read_json_object(file, "teacher config")
     if cfg.get("model_type") not in SUPPORTED_MODEL_TYPES:
-        raise LRCError(f"unsupported teacher model_type {cfg.get('model_type')!r} in {file}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise LRCError(f"unsupported teacher model_type {cfg.get('model_type')!r} in {file}; supported: "
+                       f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
         if key not in cfg:
             raise LRCError(f"teacher config {file} lacks {key!r}")
@@ -107,7 +108,8 @@ def occupancy(teacher, student, bases=None) -> list[dict]:
             w, u = _column_oriented(student, i, kind), get(i, kind)
             rest = w - u @ (u.T @ w)
             total, outside = w.pow(2).sum().item(), rest.pow(2).sum().item()
-            out.append({"layer": i, "weight": f"{kind}_proj", "energy": total, "outside": outside, "occupancy": outside / total if total else 0.0})
+            out.append({"layer": i, "weight": f"{kind}_proj", "energy": total, "outside": outside,
+                        "occupancy": outside / total if total else 0.0})
     return out
 
 

@@ -31,7 +31,8 @@ load rather than stored.
 
 Measured cost here (one CPU thread): the float64 SVD of one 8192 × 3072 matrix
 (Llama-3.2-3B gate) takes 55 s, so `lrc svd` on that teacher is ~77 CPU-minutes (84
-matrices; give the rule many threads, or use ``lrc svd --device cuda``); its Householder QR 7 s; one fp32 ``ormqr`` product
+matrices; give the rule many threads, or use ``lrc svd --device cuda``); its Householder QR
+7 s; one fp32 ``ormqr`` product
 with a ``[8192, 1536]`` coordinate block 3.8 s, about twice the matching plain matmul.
 
 Teacher fingerprint: the bases record :func:`teacher_fingerprint`, a SHA-256 of the
@@ -103,7 +104,8 @@ class TeacherBases:
                 u = self.U.get(f"{i}.{kind}")
                 if u is None or tuple(u.shape) != want:
                     got = None if u is None else tuple(u.shape)
-                    raise LRCError(f"{self.source} do not match the teacher: layer {i} {kind}_proj basis shape {got}, expected {want}")
+                    raise LRCError(f"{self.source} do not match the teacher: layer {i} {kind}_proj basis shape "
+                                   f"{got}, expected {want}")
 
     def check_fingerprint(self, teacher) -> None:
         """Raise when these bases were computed from another teacher (see module doc)."""
@@ -115,8 +117,9 @@ class TeacherBases:
         actual = teacher_fingerprint(teacher)
         if actual != recorded:
             made_from = self.meta.get("teacher", "a teacher directory not recorded")
-            raise LRCError(f"{self.source} were computed from another teacher ({made_from}, weights fingerprint {recorded}) "
-                           f"than the teacher in use (fingerprint {actual}); rerun `lrc svd` on this teacher")
+            raise LRCError(f"{self.source} were computed from another teacher ({made_from}, weights "
+                           f"fingerprint {recorded}) than the teacher in use (fingerprint {actual}); "
+                           "rerun `lrc svd` on this teacher")
 
 
 def compact_wy(reflectors: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -172,11 +175,13 @@ ACTIVATION_STATISTICS = ("normed", "gained", "stream")
 def _stream_readers(teacher) -> list:
     """Every RMSNorm that reads the residual stream: both of each layer's and the final one."""
     layers = teacher.model.layers
-    return [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)] + [teacher.model.norm]
+    return ([n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+            + [teacher.model.norm])
 
 
 @torch.no_grad()
-def activation_basis(teacher, input_ids: torch.Tensor, *, statistic: str = "normed", batch_size: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+def activation_basis(teacher, input_ids: torch.Tensor, *, statistic: str = "normed",
+                     batch_size: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
     """Principal directions ``[H, H]`` (sign-fixed, by decreasing value) and RMS values of
     the teacher's residual stream where its RMSNorms read it, on ``input_ids [N, L]``.
 
@@ -192,7 +197,8 @@ def activation_basis(teacher, input_ids: torch.Tensor, *, statistic: str = "norm
     if statistic not in ACTIVATION_STATISTICS:
         raise LRCError(f"activation statistic {statistic!r}: choose one of {', '.join(ACTIVATION_STATISTICS)}")
     if input_ids.dim() != 2 or input_ids.numel() == 0:
-        raise LRCError(f"calibration tokens must be a non-empty [rows, seq_len] tensor, got shape {tuple(input_ids.shape)}")
+        raise LRCError("calibration tokens must be a non-empty [rows, seq_len] tensor, got shape "
+                       f"{tuple(input_ids.shape)}")
     H = teacher.config.hidden_size
     device = teacher.model.embed_tokens.weight.device
     moment = torch.zeros(H, H, dtype=torch.float64, device=device)
@@ -291,7 +297,8 @@ def load_bases(directory: str | Path, teacher=None) -> TeacherBases:
     missing = [k for k in ("embed.V", "embed.S") if k not in tensors]
     if missing or not U:
         raise LRCError(f"teacher bases file {path} lacks {missing or 'the layer bases'}: not written by `lrc svd`")
-    bases = TeacherBases(U=U, S=S, embed_V=tensors["embed.V"], embed_S=tensors["embed.S"], meta=meta, source=f"teacher bases {path}")
+    bases = TeacherBases(U=U, S=S, embed_V=tensors["embed.V"], embed_S=tensors["embed.S"], meta=meta,
+                         source=f"teacher bases {path}")
     if teacher is not None:
         bases.check_matches(teacher)
         bases.check_fingerprint(teacher)

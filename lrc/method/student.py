@@ -91,7 +91,8 @@ def check_teacher(teacher) -> None:
         raise LRCError(f"unsupported teacher model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     layer = teacher.model.layers[0]
     # LRC defines no student form for biases on the residual side (o_proj, down_proj).
-    for name, mod in (("o_proj", layer.self_attn.o_proj), ("gate_proj", layer.mlp.gate_proj), ("down_proj", layer.mlp.down_proj)):
+    for name, mod in (("o_proj", layer.self_attn.o_proj), ("gate_proj", layer.mlp.gate_proj),
+                      ("down_proj", layer.mlp.down_proj)):
         if mod.bias is not None:
             raise LRCError(f"teacher {name} has a bias (attention_bias/mlp_bias): not supported by LRC students")
 
@@ -132,7 +133,8 @@ def spectral_projection(teacher, r: int, bases=None) -> torch.Tensor:
     H = teacher.config.hidden_size
     if bases is not None:
         if tuple(bases.embed_V.shape) != (H, H):
-            raise LRCError(f"spectral init: embedding basis has shape {tuple(bases.embed_V.shape)}, teacher hidden size is {H}")
+            raise LRCError(f"spectral init: embedding basis has shape {tuple(bases.embed_V.shape)}, "
+                           f"teacher hidden size is {H}")
         v = bases.embed_V
     else:
         v = embedding_right_basis(teacher)[0]
@@ -225,7 +227,8 @@ def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: 
     # Untie the Parameter objects first: registering rewrites the stored tensor in place.
     student.lm_head.weight = nn.Parameter(torch.empty(0))
     _register(student.model.embed_tokens, emb_factor, TeacherTimesFactorT(teacher.model.embed_tokens))
-    _register(student.lm_head, emb_factor.clone() if tied else make.input_side(teacher.model.norm.weight).T, TeacherTimesFactorT(teacher.lm_head))
+    _register(student.lm_head, emb_factor.clone() if tied else make.input_side(teacher.model.norm.weight).T,
+              TeacherTimesFactorT(teacher.lm_head))
     if tied:
         student.lm_head.parametrizations.weight.original = student.model.embed_tokens.parametrizations.weight.original
 
@@ -287,20 +290,25 @@ def load_lrc_state(state_dir: str | Path, teacher, bases=None):
         raise LRCError(f"{state_dir}/{STATE_META}: unknown arm {arm!r}")
     if info.get("teacher_hidden") != teacher.config.hidden_size or info.get("model_type") != teacher.config.model_type:
         raise LRCError(
-            f"{state_dir} was trained from a {info.get('model_type')} teacher of hidden size {info.get('teacher_hidden')}, "
-            f"not this {teacher.config.model_type} teacher of hidden size {teacher.config.hidden_size}"
+            f"{state_dir} was trained from a {info.get('model_type')} teacher of hidden size "
+            f"{info.get('teacher_hidden')}, not this {teacher.config.model_type} teacher of hidden size "
+            f"{teacher.config.hidden_size}"
         )
     path = Path(state_dir) / STATE_FILE  # checked before the (costly) rebuild
     if not path.is_file():
         raise LRCError(f"{state_dir} has no {STATE_FILE}")
     check_safetensors(path, "LRC student state")
-    student = build_student(teacher, info["student_hidden"], init="normal", seed=info.get("seed", 0), norm_eps=info["norm_eps"])
+    student = build_student(teacher, info["student_hidden"], init="normal", seed=info.get("seed", 0),
+                            norm_eps=info["norm_eps"])
     # States written before the optimiser-step basis change hold core/randcomp's [A; C].
-    apply_arm(student, teacher, arm, bases=bases, seed=info.get("arm_seed", 0), core_impl=info.get("core_impl", "parametrized"))
+    apply_arm(student, teacher, arm, bases=bases, seed=info.get("arm_seed", 0),
+              core_impl=info.get("core_impl", "parametrized"))
     for key in ("init", "init_std", "seed"):
         if key in info:
             student.lrc_info[key] = info[key]
-    missing, unexpected = load_model(student, str(path), strict=False, device=str(teacher.model.embed_tokens.weight.device))
+    missing, unexpected = load_model(student, str(path), strict=False,
+                                     device=str(teacher.model.embed_tokens.weight.device))
     if missing or unexpected:
-        raise LRCError(f"{path} does not match the {arm} student: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+        raise LRCError(f"{path} does not match the {arm} student: missing {sorted(missing)[:5]}, unexpected "
+                       f"{sorted(unexpected)[:5]}")
     return student.eval()

@@ -109,7 +109,8 @@ class UpdateEnergyLog:
 
     def begin(self, ckpt_dir, *, start_step: int, steps: int, tokens_per_step: int) -> None:
         if any(type(p).__name__ == "DTensor" for p in self.student.parameters()):
-            raise LRCError("--update-energy-every needs the full weights on each process: not supported under FSDP (use DDP or one process)")
+            raise LRCError("--update-energy-every needs the full weights on each process: not supported under FSDP "
+                           "(use DDP or one process)")
         self.path, self.steps, self.tokens_per_step = Path(ckpt_dir) / UPDATE_ENERGY_FILE, steps, tokens_per_step
         if is_main_process():  # the one process that reads and writes the file
             text, found = _read_steps(self.path, start_step)
@@ -119,8 +120,9 @@ class UpdateEnergyLog:
     def _check(self, found: list[int], upto: int) -> None:
         expected = logged_steps(self.every, upto, self.steps)
         if sorted(set(found)) != expected or len(found) != len(expected) * len(self.start):
-            raise LRCError(f"{self.path} holds the rows of steps {sorted(set(found))[:8]}..., not those of --update-energy-every "
-                           f"{self.every} up to step {upto}: the checkpoint was made with other settings; remove {self.path.parent} to retrain")
+            raise LRCError(f"{self.path} holds the rows of steps {sorted(set(found))[:8]}..., not those of "
+                           f"--update-energy-every {self.every} up to step {upto}: the checkpoint was made with other "
+                           f"settings; remove {self.path.parent} to retrain")
 
     def after_step(self, done_step: int) -> None:
         if done_step % self.every and done_step != self.steps:
@@ -137,6 +139,7 @@ class UpdateEnergyLog:
         """Copy the finished run's file into ``out_dir`` (checked complete: also after a rerun of a done run)."""
         self.path, self.steps = Path(ckpt_dir) / UPDATE_ENERGY_FILE, steps
         if not self.path.is_file():
-            raise LRCError(f"{self.path} is missing: the run was trained without --update-energy-every; remove {self.path.parent} to retrain")
+            raise LRCError(f"{self.path} is missing: the run was trained without --update-energy-every; remove "
+                           f"{self.path.parent} to retrain")
         self._check(_read_steps(self.path, steps)[1], steps)
         shutil.copyfile(self.path, Path(out_dir) / UPDATE_ENERGY_FILE)

@@ -232,7 +232,8 @@ def lock_run(accelerator, ckpt_dir: Path) -> CheckpointLock | None:
 # ---- save ---------------------------------------------------------------------------------
 
 
-def save_checkpoint(accelerator, bare: torch.nn.Module, ckpt_dir: Path, step: int, fingerprint: dict, fsdp: bool) -> None:
+def save_checkpoint(accelerator, bare: torch.nn.Module, ckpt_dir: Path, step: int, fingerprint: dict,
+                    fsdp: bool) -> None:
     """Write ``step-<step>`` atomically (every process takes part), then prune to :data:`KEEP`."""
     final = ckpt_dir / step_dir_name(step)
     tmp = ckpt_dir / (".tmp-" + final.name)
@@ -271,7 +272,8 @@ def _check_state(step_dir: Path) -> dict[str, Any]:
         state = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise DamagedCheckpoint(path, f"unreadable ({err})") from err
-    if not (isinstance(state, dict) and isinstance(state.get("step"), int) and isinstance(state.get("fingerprint"), dict)):
+    if not (isinstance(state, dict) and isinstance(state.get("step"), int)
+            and isinstance(state.get("fingerprint"), dict)):
         raise DamagedCheckpoint(path, "not a trainer state (step, fingerprint)")
     if state["step"] != _step_of(step_dir):
         raise DamagedCheckpoint(path, f"says step {state['step']}, the directory {step_dir.name}")
@@ -298,7 +300,8 @@ def _check_torch_file(path: Path) -> Any:
     try:  # accelerate's own loader, memory-mapped: the structure is read, the tensors are not
         return accelerate_load(str(path), map_location="cpu", mmap=True)
     except Exception as err:  # torch raises RuntimeError/EOFError/UnpicklingError alike
-        raise DamagedCheckpoint(path, f"does not load ({type(err).__name__}: {str(err).splitlines()[0][:200]})") from err
+        raise DamagedCheckpoint(path,
+                                f"does not load ({type(err).__name__}: {str(err).splitlines()[0][:200]})") from err
 
 
 def _check_sharded_dir(path: Path) -> None:
@@ -308,15 +311,17 @@ def _check_sharded_dir(path: Path) -> None:
     try:
         meta = FileSystemReader(str(path)).read_metadata()
     except Exception as err:  # missing directory or file, truncated pickle
-        raise DamagedCheckpoint(path / ".metadata", f"unreadable ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})") from err
+        raise DamagedCheckpoint(
+            path / ".metadata",
+            f"unreadable ({type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''})") from err
     for item in (meta.storage_data or {}).values():
         rel = getattr(item, "relative_path", None)
         if rel and not (path / rel).is_file():
             raise DamagedCheckpoint(path / rel, "missing")
 
 
-def verify_checkpoint(step_dir: Path, *, trainable: dict[str, tuple[int, ...]] | None, optimizer_params: int | None, processes: int,
-                      sharded: bool = False) -> None:
+def verify_checkpoint(step_dir: Path, *, trainable: dict[str, tuple[int, ...]] | None, optimizer_params: int | None,
+                      processes: int, sharded: bool = False) -> None:
     """Raise :class:`DamagedCheckpoint` naming the first bad file of ``step_dir``.
 
     ``trainable`` (names -> shapes) and ``optimizer_params`` are None under FSDP (``sharded``),
@@ -326,7 +331,8 @@ def verify_checkpoint(step_dir: Path, *, trainable: dict[str, tuple[int, ...]] |
     """
     if _check_state(step_dir).get(FINAL_ONLY):
         if sharded or trainable is None:
-            raise DamagedCheckpoint(step_dir / TRAINER_STATE_FILE, "final weights only, which a sharded (FSDP) run cannot load")
+            raise DamagedCheckpoint(step_dir / TRAINER_STATE_FILE,
+                                    "final weights only, which a sharded (FSDP) run cannot load")
         _check_trainable(step_dir / TRAINABLE_FILE, trainable)
         return
     if sharded:
@@ -342,7 +348,8 @@ def verify_checkpoint(step_dir: Path, *, trainable: dict[str, tuple[int, ...]] |
         except (TypeError, KeyError) as err:
             raise DamagedCheckpoint(step_dir / OPTIMIZER_FILE, "not an optimiser state") from err
         if count != optimizer_params:
-            raise DamagedCheckpoint(step_dir / OPTIMIZER_FILE, f"holds {count} parameters, the optimiser {optimizer_params}")
+            raise DamagedCheckpoint(step_dir / OPTIMIZER_FILE,
+                                    f"holds {count} parameters, the optimiser {optimizer_params}")
     _check_torch_file(step_dir / SCHEDULER_FILE)
     for p in range(processes):  # a missing RNG file (another process count) is accelerate's to skip
         if (step_dir / RNG_FILE.format(p)).exists():
@@ -375,15 +382,18 @@ def load_trainable(bare: torch.nn.Module, path: Path) -> None:
     params = dict(trainable_parameters(bare))
     if set(saved) != set(params):
         missing, extra = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
-        raise LRCError(f"checkpoint {path} does not match the model's trainable parameters (missing {missing[:3]}, unexpected {extra[:3]})")
+        raise LRCError(f"checkpoint {path} does not match the model's trainable parameters (missing {missing[:3]}, "
+                       f"unexpected {extra[:3]})")
     with torch.no_grad():
         for name, p in params.items():
             if saved[name].shape != p.shape:
-                raise LRCError(f"checkpoint {path}: {name} has shape {tuple(saved[name].shape)}, the model {tuple(p.shape)}")
+                raise LRCError(f"checkpoint {path}: {name} has shape {tuple(saved[name].shape)}, "
+                               f"the model {tuple(p.shape)}")
             p.copy_(saved[name])
 
 
-def load_latest(accelerator, bare: torch.nn.Module, optimizer, ckpt_dir: Path, fingerprint: dict, fsdp: bool) -> Path | None:
+def load_latest(accelerator, bare: torch.nn.Module, optimizer, ckpt_dir: Path, fingerprint: dict,
+                fsdp: bool) -> Path | None:
     """Restore the newest good checkpoint into the prepared objects; return it (None: none).
 
     The main process removes partial writes and sets damaged checkpoints aside; then every
@@ -411,7 +421,8 @@ def load_latest(accelerator, bare: torch.nn.Module, optimizer, ckpt_dir: Path, f
         if not is_final_only(latest):  # (a final-only one has no optimiser state; it is not trained on)
             accelerator.load_state(str(latest))
     except Exception as err:  # verified above, so this is damage the checks cannot see
-        raise LRCError(f"checkpoint {latest} does not load ({err}); delete it to fall back to the previous one") from err
+        raise LRCError(f"checkpoint {latest} does not load ({err}); "
+                       "delete it to fall back to the previous one") from err
     if not fsdp:
         load_trainable(bare, latest / TRAINABLE_FILE)
     return latest

@@ -59,14 +59,13 @@ Decisions, and why:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 from accelerate import Accelerator
@@ -75,73 +74,21 @@ from torch.utils.data import DataLoader, Dataset
 
 from lrc.errors import LRCError
 from lrc.io.hf import cast_weights, trainable_parameters
-from lrc.options import check_choice
 from lrc.training import checkpoint as ckpt
 from lrc.training import recompute, sharding
+from lrc.training.args import TrainArgs  # also the name's old import path (tests, scripts)
 from lrc.training.optim import CoordinateAdamW, coordinate_maps
 from lrc.training.steplog import StepLog
 
-SCHEDULES = ("linear", "cosine", "constant")
-PRECISIONS = ("auto", "fp32", "bf16")
-# Settings that change the trajectory (activation_checkpointing does not): a checkpoint made with other values is not resumed.
-_FINGERPRINT_FIELDS = ("tokens", "batch_size", "lr", "schedule", "warmup", "weight_decay", "betas", "eps", "grad_clip", "seed", "precision")
-
-
-@dataclass(kw_only=True)
-class TrainArgs:
-    """Options of the training loop (shared by every training command)."""
-
-    tokens: int = field(default=0, metadata={"help": "token budget; steps = tokens // (batch_size * seq_len); 0 trains nothing"})
-    batch_size: int = field(default=8, metadata={"help": "sequences per optimiser step, over all processes"})
-    micro_batch_size: int = field(default=8, metadata={"help": "sequences per forward pass on one process (gradient accumulation fills the rest)"})
-    lr: float = field(default=1e-4, metadata={"help": "peak learning rate"})
-    schedule: Literal["linear", "cosine", "constant"] = field(default="linear", metadata={"help": "learning-rate decay after warm-up"})
-    warmup: float = field(default=0.005, metadata={"help": "warm-up as a fraction of the steps"})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay (matrices only)"})
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "AdamW betas"})
-    eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
-    grad_clip: float = field(default=1.0, metadata={"help": "clip the global gradient norm to this (0: no clipping)"})
-    seed: int = field(default=0, metadata={"help": "seed of the data order and of any randomness in training"})
-    precision: Literal["auto", "fp32", "bf16"] = field(default="auto", metadata={"help": "auto: fp32 on CPU, bf16 mixed precision on GPU"})
-    checkpoint_every: int = field(default=0, metadata={"help": "save a resumable checkpoint every N steps (0: only at the end)"})
-    log_every: int = field(default=10, metadata={"help": "log metrics (and check for non-finite values) every N steps"})
-    ckpt_dir: Path | None = field(default=None, metadata={"help": "checkpoint directory (default: <out>.ckpt next to the output)"})
-    keep_checkpoints: Literal["final", "all", "none"] = field(default="final", metadata={"help": "once finished, keep: final (the final weights a rerun rewrites its output from, no optimiser state), all (two full checkpoints), none"})
-    threads: int = field(default=0, metadata={"help": "torch CPU threads per process (0: leave torch's default)"})
-    tensorboard: bool = field(default=False, metadata={"help": "also log to TensorBoard under <ckpt_dir>/tb (needs the tensorboard package)"})
-    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
-    activation_checkpointing: bool = field(default=False, metadata={"help": "checkpoint each decoder layer of the trained model: its activations are recomputed in backward (less memory, one more forward of the layers, the same trajectory; lrc.training.recompute)"})
-    recompute_teacher: bool = field(default=False, metadata={"help": "with --activation-checkpointing, lrc recipe: keep only each teacher layer's input and rerun the teacher's layer inside the student's checkpointed one, so the clone terms' activations live one layer at a time (two more forwards of the teacher's layers, the same trajectory; lrc.method.clone)"})
-    shard_optimizer: bool = field(default=False, metadata={"help": "DDP: each process keeps AdamW's states for its share of the parameters only, and broadcasts their new values (ZeRO stage 1; the same trajectory and checkpoints; lrc.training.optim)"})
-
-    def __post_init__(self) -> None:
-        for name in ("tokens", "checkpoint_every", "threads"):
-            if getattr(self, name) < 0:
-                raise LRCError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        for name in ("batch_size", "micro_batch_size", "log_every"):
-            if getattr(self, name) < 1:
-                raise LRCError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        check_choice("--schedule", self.schedule, SCHEDULES)
-        check_choice("--precision", self.precision, PRECISIONS)
-        check_choice("--keep-checkpoints", self.keep_checkpoints, ckpt.RETENTIONS)
-        if self.recompute_teacher and not self.activation_checkpointing:
-            raise LRCError("--recompute-teacher (train.recompute_teacher) reruns the teacher inside the student's checkpointed layers: it needs --activation-checkpointing")
-        if not 0.0 <= self.warmup < 1.0:
-            raise LRCError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
-        if len(self.betas) != 2:
-            raise LRCError(f"--betas takes two values, got {self.betas}")
-        self.betas = [float(b) for b in self.betas]
-        if self.ckpt_dir is not None:
-            self.ckpt_dir = Path(self.ckpt_dir)
-
-
-def train_args_from(args: Any) -> TrainArgs:
-    """The TrainArgs part of a command's argument dataclass (which inherits TrainArgs)."""
-    return TrainArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainArgs)})
+# Settings that change the trajectory (activation_checkpointing does not): a checkpoint made with other values is not
+# resumed.
+_FINGERPRINT_FIELDS = ("tokens", "batch_size", "lr", "schedule", "warmup", "weight_decay", "betas", "eps", "grad_clip",
+                       "seed", "precision")
 
 
 class Objective(Protocol):
-    def loss(self, batch: dict[str, torch.Tensor], model: torch.nn.Module | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+    def loss(self, batch: dict[str, torch.Tensor],
+             model: torch.nn.Module | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
 def default_ckpt_dir(out_dir: str | Path) -> Path:
@@ -164,7 +111,8 @@ def lr_factor(step: int, steps: int, warmup_steps: int, schedule: str) -> float:
 class StepBatches(torch.utils.data.Sampler):
     """Index lists of this process's micro-batches, from ``start_step`` to ``steps`` (see module doc)."""
 
-    def __init__(self, n_rows: int, *, seed: int, batch_size: int, micro_batch_size: int, num_processes: int, process_index: int, start_step: int, steps: int):
+    def __init__(self, n_rows: int, *, seed: int, batch_size: int, micro_batch_size: int, num_processes: int,
+                 process_index: int, start_step: int, steps: int):
         self.n_rows, self.seed = n_rows, seed
         self.batch_size, self.micro = batch_size, micro_batch_size
         self.P, self.p = num_processes, process_index
@@ -242,8 +190,9 @@ def _accelerator(args: TrainArgs) -> tuple[Accelerator, str]:
     sharding.enable_cpu_fsdp(accelerator)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != accelerator.num_processes:
-        raise LRCError(f"launched with WORLD_SIZE={launched} but accelerate sees {accelerator.num_processes} process(es); "
-                       "on a machine without GPUs set ACCELERATE_USE_CPU=1 (see config/accelerate/cpu2.yaml)")
+        raise LRCError(f"launched with WORLD_SIZE={launched} but accelerate sees {accelerator.num_processes} "
+                       "process(es); on a machine without GPUs set ACCELERATE_USE_CPU=1 "
+                       "(see config/accelerate/cpu2.yaml)")
     return accelerator, mixed
 
 
@@ -257,7 +206,8 @@ def optimizer_and_schedule(model: torch.nn.Module, args: TrainArgs, steps: int):
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     maps = coordinate_maps(model)  # weights the model asks to have optimised in other coordinates
     if maps or args.shard_optimizer:
-        optimizer = CoordinateAdamW(groups, coordinates=maps, shard_states=args.shard_optimizer, lr=args.lr, betas=tuple(args.betas), eps=args.eps)
+        optimizer = CoordinateAdamW(groups, coordinates=maps, shard_states=args.shard_optimizer, lr=args.lr,
+                                    betas=tuple(args.betas), eps=args.eps)
     else:
         optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=tuple(args.betas), eps=args.eps)
     warmup_steps = math.ceil(args.warmup * steps)
@@ -285,10 +235,11 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     accelerator, mixed = _accelerator(args)
     P = accelerator.num_processes
     if args.batch_size % (args.micro_batch_size * P):
-        raise LRCError(f"--batch-size {args.batch_size} must be a multiple of --micro-batch-size {args.micro_batch_size} "
-                       f"times the number of processes {P}")
+        raise LRCError(f"--batch-size {args.batch_size} must be a multiple of --micro-batch-size "
+                       f"{args.micro_batch_size} times the number of processes {P}")
     if 0 < args.tokens < args.batch_size * seq_len:
-        accelerator.print(f"warning: --tokens {args.tokens} is less than one step ({args.batch_size} x {seq_len} tokens); no step is taken")
+        accelerator.print(f"warning: --tokens {args.tokens} is less than one step ({args.batch_size} x {seq_len} "
+                          "tokens); no step is taken")
     if accelerator.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(accelerator.device)
     set_seed(args.seed)
@@ -309,9 +260,10 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
         # every checkpoint; save the trainable parameters ourselves instead.
         accelerator.register_save_state_pre_hook(lambda models, weights, output_dir: weights.clear())
         accelerator.register_load_state_pre_hook(lambda models, input_dir: models.clear())
-    return Run(args=args, accelerator=accelerator, wrapped=wrapped, bare=accelerator.unwrap_model(wrapped), optimizer=optimizer,
-               scheduler=scheduler, fsdp=fsdp, mixed=mixed, steps=steps, accum=args.batch_size // (args.micro_batch_size * P),
-               seq_len=seq_len, n_rows=n_rows, ckpt_dir=ckpt_dir, fingerprint=_fingerprint(args, seq_len, n_rows))
+    return Run(args=args, accelerator=accelerator, wrapped=wrapped, bare=accelerator.unwrap_model(wrapped),
+               optimizer=optimizer, scheduler=scheduler, fsdp=fsdp, mixed=mixed, steps=steps,
+               accum=args.batch_size // (args.micro_batch_size * P), seq_len=seq_len, n_rows=n_rows, ckpt_dir=ckpt_dir,
+               fingerprint=_fingerprint(args, seq_len, n_rows))
 
 
 # ---- resume ----------------------------------------------------------------------
@@ -333,7 +285,8 @@ def resume(run: Run) -> tuple[int, str | None, dict[str, Any] | None]:
 # ---- the training step --------------------------------------------------------------------
 
 
-def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn.Parameter], time_optimizer=contextlib.nullcontext) -> tuple[torch.Tensor, list[str], float]:
+def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn.Parameter],
+               time_optimizer=contextlib.nullcontext) -> tuple[torch.Tensor, list[str], float]:
     """One optimiser step: forward/backward over the micro-batches, clip, step, schedule.
 
     Returns ``[loss, terms..., grad_norm]`` on the device (no host sync), the term names
@@ -351,7 +304,8 @@ def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn
         names = names or list(terms)
         vec = torch.stack([total.detach().float()] + [terms[n].detach().float().reshape(()) for n in names])
         step_sum = vec if step_sum is None else step_sum + vec
-    grad_norm = sharding.full(acc.clip_grad_norm_(trainable, run.args.grad_clip if run.args.grad_clip > 0 else float("inf")))
+    clip = run.args.grad_clip if run.args.grad_clip > 0 else float("inf")
+    grad_norm = sharding.full(acc.clip_grad_norm_(trainable, clip))
     with time_optimizer():
         run.optimizer.step()
     lr_used = run.scheduler.get_last_lr()[0]  # a Python float: no sync
@@ -366,8 +320,9 @@ def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn
 def fit(run: Run, objective: Objective, dataset: Dataset, log: StepLog, start_step: int) -> None:
     """Steps ``start_step`` to the end, with log steps, guards and checkpoints."""
     acc, args = run.accelerator, run.args
-    sampler = StepBatches(run.n_rows, seed=args.seed, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-                          num_processes=acc.num_processes, process_index=acc.process_index, start_step=start_step, steps=run.steps)
+    sampler = StepBatches(run.n_rows, seed=args.seed, batch_size=args.batch_size,
+                          micro_batch_size=args.micro_batch_size, num_processes=acc.num_processes,
+                          process_index=acc.process_index, start_step=start_step, steps=run.steps)
     batches = iter(DataLoader(dataset, batch_sampler=sampler, num_workers=0, pin_memory=run.device.type == "cuda"))
     # After prepare: under FSDP2 the optimised tensors are the sharded ones.
     trainable = [p for p in run.wrapped.parameters() if p.requires_grad]
@@ -392,9 +347,9 @@ def finish(run: Run, log: StepLog, start_step: int, resumed_from: str | None) ->
     wall = time.perf_counter() - log.t_start
     trained = run.steps - start_step
     summary = {
-        "steps": run.steps, "tokens": run.steps * run.tokens_per_step, "seq_len": run.seq_len, "batch_size": run.args.batch_size,
-        "num_processes": acc.num_processes, "grad_accumulation": run.accum, "final": log.last,
-        "tokens_per_s": trained * run.tokens_per_step / wall if trained > 0 else None,
+        "steps": run.steps, "tokens": run.steps * run.tokens_per_step, "seq_len": run.seq_len,
+        "batch_size": run.args.batch_size, "num_processes": acc.num_processes, "grad_accumulation": run.accum,
+        "final": log.last, "tokens_per_s": trained * run.tokens_per_step / wall if trained > 0 else None,
         "peak_memory_mib": peak_memory_mib(run.device), "mixed_precision": run.mixed, "device": str(run.device),
     }
     if (share := getattr(getattr(run.optimizer, "optimizer", run.optimizer), "coordinate_share", None)) is not None:
@@ -406,11 +361,13 @@ def finish(run: Run, log: StepLog, start_step: int, resumed_from: str | None) ->
         ckpt.write_done(run.ckpt_dir, run.steps, summary)
         ckpt.retain_finished(run.ckpt_dir, run.args.keep_checkpoints, sharded=run.fsdp)
     acc.wait_for_everyone()
-    acc.print(f"trained {summary['tokens']:,} tokens in {run.steps} steps; peak memory {summary['peak_memory_mib']:.0f} MiB")
+    acc.print(f"trained {summary['tokens']:,} tokens in {run.steps} steps; peak memory "
+              f"{summary['peak_memory_mib']:.0f} MiB")
     return summary
 
 
-def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: TrainArgs, out_dir: str | Path, hook: Any = None) -> dict[str, Any]:
+def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: TrainArgs, out_dir: str | Path,
+          hook: Any = None) -> dict[str, Any]:
     """Train ``model``'s trainable parameters on ``objective``; resume from the checkpoint directory.
 
     ``args.ckpt_dir`` (default ``<out_dir>.ckpt``) is the only directory written; nothing is
@@ -429,8 +386,9 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
             run.accelerator.print(f"training already finished ({ckpt_dir}); reusing its final state")
             summary = done["summary"] | extra | {"already_done": True}
         else:
-            log = StepLog(run.accelerator, ckpt_dir, steps=run.steps, start_step=start_step, tokens_per_step=run.tokens_per_step,
-                          tensorboard=args.tensorboard, progress=args.progress, hook=hook)
+            log = StepLog(run.accelerator, ckpt_dir, steps=run.steps, start_step=start_step,
+                          tokens_per_step=run.tokens_per_step, tensorboard=args.tensorboard, progress=args.progress,
+                          hook=hook)
             fit(run, objective, dataset, log, start_step)
             summary = finish(run, log, start_step, resumed_from) | extra | {"already_done": False}
         if run.accelerator.is_fsdp2:

@@ -53,14 +53,15 @@ from lrc.method.spectral import TeacherBases
 from lrc.method.student import build_student
 from lrc.names import MLP_KINDS
 from lrc.training import recompute
+from lrc.training.args import TrainArgs
 from lrc.training.loop import (
     Run,
-    TrainArgs,
     optimizer_and_schedule,  # the loop's own AdamW / CoordinateAdamW and schedule
     train_step,
 )
 
-CATEGORIES = ("student_weights", "teacher", "gradients", "optimizer", "activations", "loss_workspace", "backward_temp", "other")
+CATEGORIES = ("student_weights", "teacher", "gradients", "optimizer", "activations", "loss_workspace", "backward_temp",
+              "other")
 
 
 @dataclass(kw_only=True)
@@ -77,7 +78,8 @@ class StepSpec:
     recipe: str = "lrc"
     core_impl: str = "optimizer"
     loss_impl: str = "fused"
-    activation_checkpointing: bool = False  # each student decoder layer checkpointed (lrc.training.recompute), as the loop does
+    # each student decoder layer checkpointed (lrc.training.recompute), as the loop does
+    activation_checkpointing: bool = False
     recompute_teacher: bool = False  # ... with the teacher's layers rerun inside the student's (lrc.method.clone)
     steps: int = 2
     processes: int = 1  # DDP processes: core's basis changes (and bases) are divided between them
@@ -220,7 +222,8 @@ def _build(spec: StepSpec):
     bases = _shape_bases(cfg) if spec.arm in BASIS_ARMS else None
     student = build_student(teacher, spec.student_hidden)
     apply_arm(student, teacher, spec.arm, bases=bases, core_impl=spec.core_impl)
-    objective = CloneObjective(teacher, student, RecipeArgs(recipe=spec.recipe, loss_impl=spec.loss_impl), recompute_teacher=spec.recompute_teacher)
+    objective = CloneObjective(teacher, student, RecipeArgs(recipe=spec.recipe, loss_impl=spec.loss_impl),
+                               recompute_teacher=spec.recompute_teacher)
     if spec.activation_checkpointing:
         recompute.enable(student)  # what lrc.training.loop.setup does; train_step opens recompute.micro_batch
     if spec.precision == "bf16":
@@ -237,16 +240,19 @@ def _prepared(spec: StepSpec):
     """Models, objective and a :class:`lrc.training.loop.Run` for ``spec`` (fake or real tensors,
     whichever mode is active)."""
     teacher, student, objective = _build(spec)
-    targs = TrainArgs(batch_size=spec.micro_batch_size * spec.micro_batches, micro_batch_size=spec.micro_batch_size, precision=spec.precision,
-                      warmup=0.0, progress=False, activation_checkpointing=spec.activation_checkpointing,
-                      recompute_teacher=spec.recompute_teacher, shard_optimizer=spec.shard_optimizer)
+    targs = TrainArgs(batch_size=spec.micro_batch_size * spec.micro_batches, micro_batch_size=spec.micro_batch_size,
+                      precision=spec.precision, warmup=0.0, progress=False,
+                      activation_checkpointing=spec.activation_checkpointing, recompute_teacher=spec.recompute_teacher,
+                      shard_optimizer=spec.shard_optimizer)
     student.train()
     optimizer, scheduler = optimizer_and_schedule(student, targs, spec.steps)
     if spec.processes > 1 and hasattr(optimizer, "plan_share"):
-        optimizer.plan_share(spec.processes)  # rank 0's share of core's bases and, sharded, of the states (lrc.training.optim)
-    run = Run(args=targs, accelerator=_TraceAccelerator(spec.precision), wrapped=student, bare=student, optimizer=optimizer,
-              scheduler=scheduler, fsdp=False, mixed="bf16" if spec.precision == "bf16" else "no", steps=spec.steps, accum=spec.micro_batches,
-              seq_len=spec.seq_len, n_rows=1, ckpt_dir=Path("."), fingerprint={})
+        # rank 0's share of core's bases and, sharded, of the states (lrc.training.optim)
+        optimizer.plan_share(spec.processes)
+    run = Run(args=targs, accelerator=_TraceAccelerator(spec.precision), wrapped=student, bare=student,
+              optimizer=optimizer, scheduler=scheduler, fsdp=False, mixed="bf16" if spec.precision == "bf16" else "no",
+              steps=spec.steps, accum=spec.micro_batches, seq_len=spec.seq_len, n_rows=1, ckpt_dir=Path("."),
+              fingerprint={})
     return teacher, student, objective, run
 
 
@@ -275,7 +281,8 @@ def trace_step(spec: StepSpec) -> dict:
         result = _breakdown(peak, tracker.loss_at_peak, _storage_bytes(trainable), trainable)
         # What FSDP gathers at once: one decoder layer's trainable tensors (or the embedding).
         groups = [student.model.layers[0], student.model.embed_tokens, student.lm_head]
-        result["largest_group_bytes"] = max(_storage_bytes(p for p in g.parameters() if p.requires_grad) for g in groups)
+        result["largest_group_bytes"] = max(_storage_bytes(p for p in g.parameters() if p.requires_grad)
+                                            for g in groups)
         return result
 
 

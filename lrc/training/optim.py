@@ -148,12 +148,14 @@ class CoordinateAdamW(torch.optim.AdamW):
         listed = {id(p) for p in self._params()}
         stray = [k for k in self._maps if k not in listed]
         if stray:
-            raise LRCError(f"CoordinateAdamW: {len(stray)} parameter(s) with a coordinate map are not among the optimised ones")
+            raise LRCError(f"CoordinateAdamW: {len(stray)} parameter(s) with a coordinate map "
+                           "are not among the optimised ones")
         for p in self._params() if shard_states else (p for p, _ in self._maps.values()):
             if type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor":
-                raise LRCError("CoordinateAdamW: a parameter with a coordinate map (or, with shard_states, any parameter) is "
-                               "sharded (FSDP); the basis change needs the whole matrix: use the parametrised "
-                               "implementation (--core-impl parametrized), and FSDP2 shards the states itself")
+                raise LRCError("CoordinateAdamW: a parameter with a coordinate map (or, with shard_states, any "
+                               "parameter) is sharded (FSDP); the basis change needs the whole matrix: use the "
+                               "parametrised implementation (--core-impl parametrized), and FSDP2 shards the states "
+                               "itself")
         world, rank = _world()
         self._divide(world, rank, broadcast=world > 1)
 
@@ -184,7 +186,8 @@ class CoordinateAdamW(torch.optim.AdamW):
         share = {"maps": len(self._maps), "this_process": sum(1 for k in self._maps if self._owner[k] == rank),
                  "processes": world}
         if self._shard_states:
-            share |= {"state_params": len(self._owner), "state_params_this_process": sum(o == rank for o in self._owner.values())}
+            share |= {"state_params": len(self._owner),
+                      "state_params_this_process": sum(o == rank for o in self._owner.values())}
         return share
 
     def _enter(self):
@@ -240,7 +243,8 @@ class CoordinateAdamW(torch.optim.AdamW):
         for p, grad in hidden:
             p.grad = grad
         # (the same order on every process: the gradients exist on all of them alike)
-        stepped = [p for p in self._params() if p.grad is not None] if self._shard_states else [p for _, _, p, _, _, _ in swapped]
+        stepped = ([p for p in self._params() if p.grad is not None] if self._shard_states
+                   else [p for _, _, p, _, _, _ in swapped])
         _share_from_owners([(p.data, self._owner[id(p)]) for p in stepped], self._broadcast)
 
     @torch.no_grad()
@@ -280,5 +284,6 @@ class CoordinateAdamW(torch.optim.AdamW):
         if self._shard_states:
             _, rank = self._world
             owners = [self._owner[id(p)] for p in self._params()]
-            state_dict = {**state_dict, "state": {i: s for i, s in state_dict["state"].items() if owners[int(i)] == rank}}
+            state_dict = {**state_dict,
+                          "state": {i: s for i, s in state_dict["state"].items() if owners[int(i)] == rank}}
         super().load_state_dict(state_dict)

@@ -13,7 +13,8 @@ from lrc.io.provenance import is_main_process, write_settings
 from lrc.training.checkpoint import METRICS_FILE
 
 
-def save_hf_output(model: torch.nn.Module, tokenizer: Any, out: Path, *, command: str, settings: Any, summary: dict) -> None:
+def save_hf_output(model: torch.nn.Module, tokenizer: Any, out: Path, *, command: str, settings: Any,
+                   summary: dict) -> None:
     """Write the trained model, tokenizer, metrics and settings to ``out`` atomically.
 
     ``metrics.jsonl`` is copied from the run's checkpoint directory (``summary["metrics"]``).

@@ -24,7 +24,8 @@ runs in backward; built inside the checkpoint, a cached weight's own saved tenso
 dropped and never recomputed.) Cost: every layer's built weights stay alive until the end of
 the micro-batch's backward (without checkpointing the layers' ``F.linear`` keep them until
 the layer's backward; the embedding's is dropped at the first layer, as there; the head's
-stays to the end, past the loss that needs it); gain: the rebuild products (``[out, H] x [H, r]`` per weight; at Llama-3.2-3B widths half
+stays to the end, past the loss that needs it); gain: the rebuild products
+(``[out, H] x [H, r]`` per weight; at Llama-3.2-3B widths half
 of what the slice layer's linears cost at micro-batch 3 and seq 2048) are not run again
 (docs/planner.md, "Keep or rebuild the weights", measured).
 
@@ -56,7 +57,8 @@ class _WeightKeeper:
     def __init__(self, layers: list[nn.Module]):
         self.open = 0
         self.handles = [layer.register_forward_pre_hook(self._build) for layer in layers]
-        self.weights = {layer: [(m, name) for m in layer.modules() if parametrize.is_parametrized(m) for name in m.parametrizations]
+        self.weights = {layer: [(m, name) for m in layer.modules() if parametrize.is_parametrized(m)
+                                for name in m.parametrizations]
                         for layer in layers}
         # parametrize's cache key of each layer weight (torch.nn.utils.parametrize: (id(module), name))
         self.keys = {(id(m), name) for pairs in self.weights.values() for m, name in pairs}

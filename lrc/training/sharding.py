@@ -57,7 +57,8 @@ def enable_cpu_fsdp(accelerator) -> None:
         return
     plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables the launcher set
     if plugin.fsdp_version != 2:
-        raise LRCError(f"FSDP on CPU processes runs FSDP2 only: set fsdp_version: 2 in the accelerate config (got {plugin.fsdp_version})")
+        raise LRCError("FSDP on CPU processes runs FSDP2 only: set fsdp_version: 2 in the accelerate config "
+                       f"(got {plugin.fsdp_version})")
     if accelerator.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.mixed_precision)
     accelerator.state.fsdp_plugin = plugin
@@ -156,6 +157,7 @@ def unshard(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             state = module._get_fsdp_state()
-            for handle in {id(h): h for h in (state._pre_forward_hook_handle, state._post_forward_hook_handle) if h is not None}.values():
+            for handle in {id(h): h for h in (state._pre_forward_hook_handle, state._post_forward_hook_handle)
+                           if h is not None}.values():
                 handle.remove()
             module.__class__ = next(c for c in type(module).__bases__ if c is not FSDPModule)

@@ -119,7 +119,8 @@ class StepLog:
             return
         worst = min(bad)
         names = ["loss"] + list(self.names or []) + ["grad_norm"]
-        what = self.first_bad_what.tolist() if (self.first_bad_what is not None and int(self.first_bad_step) == worst) else []
+        what = (self.first_bad_what.tolist()
+                if (self.first_bad_what is not None and int(self.first_bad_step) == worst) else [])
         culprits = [n for n, b in zip(names, what) if b] or ["(on another process)"]
         raise LRCError(
             f"non-finite value at step {worst + 1} (1-based; after {worst} good steps) in: {', '.join(culprits)}; "
@@ -150,7 +151,8 @@ class StepLog:
             if self.bar is not None:
                 self.bar.update(self.window_steps * self.tokens_per_step)
                 self.bar.set_postfix(loss=f"{values[0]:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
-        self.window_sum, self.window_steps, self.t_window, self.cpu_window = None, 0, time.perf_counter(), time.process_time()
+        self.window_sum, self.window_steps = None, 0
+        self.t_window, self.cpu_window = time.perf_counter(), time.process_time()
         self._reset_optimizer_time()
 
     def close(self) -> None:
@@ -165,6 +167,7 @@ def _tensorboard(ckpt_dir: Path):
     try:  # an optional package: imported only with --tensorboard
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        print("warning: --tensorboard needs the tensorboard package (pip install tensorboard); skipped", file=sys.stderr)
+        print("warning: --tensorboard needs the tensorboard package (pip install tensorboard); skipped",
+              file=sys.stderr)
         return None
     return SummaryWriter(str(ckpt_dir / "tb"))

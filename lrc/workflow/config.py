@@ -18,27 +18,24 @@ checks, per experiment and per job the config asks for:
 * ``resources.<stage>.accelerate`` names an existing file.
 
 It imports no Snakemake and nothing heavy at import time (commands are imported to find their
-dataclasses when a check runs).
+dataclasses when a check runs). The checks against the commands' dataclasses, and the width
+check, live in :mod:`lrc.workflow.option_checks`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import itertools
-import json
 import re
 import shlex
-import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from lrc.cli import COMMANDS
 from lrc.errors import LRCError
 from lrc.names import parse_run_name, run_name
-from lrc.options import args_class, build_args, convert_value
 from lrc.workflow.claims import all_claim_runs, claims_problems
+from lrc.workflow.option_checks import build_problem, command_args_class, name_positionals, width_problems
 
 # The flag sections of each rule (rule name = `lrc` command name), in the order they are
 # appended to its command line; "loss" stands for loss.<the job's recipe>.
@@ -107,7 +104,8 @@ def tokenize_options(world: bool, kind: str, world_dir: Any, teacher_dir: Any) -
     chat = {"chat": True} if kind == "sft" else {}
     if world:
         text = f"{world_dir}/{kind}"
-        return {"tokenizer": f"{world_dir}/tokenizer", "source": f"{text}/train.jsonl", "valid_source": f"{text}/valid.jsonl", **chat}
+        return {"tokenizer": f"{world_dir}/tokenizer", "source": f"{text}/train.jsonl",
+                "valid_source": f"{text}/valid.jsonl", **chat}
     return {"tokenizer": str(teacher_dir), **chat}
 
 
@@ -227,7 +225,8 @@ def runs(settings: dict, arms: Iterable[str] | None = None) -> list[str]:
     """The distillation runs of an experiment (all its arms, or those among ``arms``)."""
     d = settings["distill"]
     chosen = d["arms"] if arms is None else [a for a in d["arms"] if a in arms]
-    return [run_name(r, a, s, t) for r, a, s, t in itertools.product(d.get("recipes", ["lrc"]), chosen, d.get("seeds", [0]), d["tokens"])]
+    return [run_name(r, a, s, t)
+            for r, a, s, t in itertools.product(d.get("recipes", ["lrc"]), chosen, d.get("seeds", [0]), d["tokens"])]
 
 
 def sft_runs(settings: dict) -> list[str]:
@@ -247,11 +246,15 @@ def jobs(settings: dict) -> list[Job]:
     if sft_runs(settings):
         out.append(Job("tokenize", {"kind": "sft"}))
     out.append(Job("svd", {}))
-    distills = [{"recipe": r, "arm": a, "seed": str(s), "tokens": str(t)} for r, a, s, t in itertools.product(d.get("recipes", ["lrc"]), d["arms"], d.get("seeds", [0]), d["tokens"])]
-    distills += [{k: str(v) for k, v in parse_run_name(r).items() if k in ("recipe", "arm", "seed", "tokens")} for r in all_claim_runs(settings)]
+    distills = [{"recipe": r, "arm": a, "seed": str(s), "tokens": str(t)}
+                for r, a, s, t in itertools.product(d.get("recipes", ["lrc"]), d["arms"], d.get("seeds", [0]),
+                                                    d["tokens"])]
+    distills += [{k: str(v) for k, v in parse_run_name(r).items() if k in ("recipe", "arm", "seed", "tokens")}
+                 for r in all_claim_runs(settings)]
     seeded = (settings.get("claims") or {}).get("vary_warmstart")
     for recipe in dict.fromkeys(w["recipe"] for w in distills):
-        out.append(Job("warmstart_seeded", {"recipe": recipe, "seed": "0"}) if seeded else Job("warmstart", {"recipe": recipe}))
+        out.append(Job("warmstart_seeded", {"recipe": recipe, "seed": "0"}) if seeded
+                   else Job("warmstart", {"recipe": recipe}))
     out += [Job("distill", w) for w in distills]
     out.append(Job("merge", {}))
     if sft_runs(settings):
@@ -299,31 +302,25 @@ def config_problems(
             sets |= {k: _shown(v) for k, v in built_options(settings, exp, job.rule, job.wildcards).items()}
             if command not in classes:
                 classes[command] = command_args_class(command)
-            sets = _name_positionals(classes[command], sets)
-            sections = [(f"experiments.{exp}.{where}", flags) for where, flags in flag_sections(settings, job.rule, **job.wildcards)]
+            sets = name_positionals(classes[command], sets)
+            sections = [(f"experiments.{exp}.{where}", flags)
+                        for where, flags in flag_sections(settings, job.rule, **job.wildcards)]
             set_by_rule += [p for p in _rule_set_keys(job.rule, sets, sections) if p not in set_by_rule]
             key = (job.rule, tuple(sorted(job.wildcards.items())))
             if key in seen:
                 continue
             seen.add(key)
             values = {k: _resolve(v, _placeholders(settings, job.wildcards)) for k, v in sets.items()}
-            problem = _build_problem(classes[command], command, values, sections)
+            problem = build_problem(classes[command], command, values, sections)
             if problem and problem not in problems:
                 problems.append(problem)
-        problems += claims_problems(exp, settings) + _width_problems(exp, settings, classes, workdir)
+        problems += claims_problems(exp, settings) + width_problems(exp, settings, classes, workdir)
         problems += _accelerate_problems(exp, settings, [workdir] + ([repo] if repo is not None else []))
     return set_by_rule + problems
 
 
 def _shown(value: Any) -> str:
     return "" if value is True else str(value)
-
-
-def command_args_class(command: str) -> type:
-    """The argument dataclass of ``lrc <command>``, through lrc.cli.COMMANDS."""
-    module = importlib.import_module(COMMANDS[command][0])
-    entry = getattr(module, f"main_{command}", None) or module.main
-    return args_class(entry)
 
 
 def _rule_set_keys(rule: str, sets: dict[str, str], sections: list[tuple[str, dict]]) -> list[str]:
@@ -334,93 +331,13 @@ def _rule_set_keys(rule: str, sets: dict[str, str], sections: list[tuple[str, di
             name = key.replace("-", "_")
             if name in sets:
                 shown = f"--{name.replace('_', '-')} {sets[name]}".strip()
-                problems.append(f"{where}.{key}: the rule `{rule}` sets this option itself (`{shown}`); remove it from the config")
+                problems.append(f"{where}.{key}: the rule `{rule}` sets this option itself (`{shown}`); "
+                                "remove it from the config")
             elif name in owner:
-                problems.append(f"{where}.{key}: also set in {owner[name]}.{key}; the job would use only one of them, set it in one place")
+                problems.append(f"{where}.{key}: also set in {owner[name]}.{key}; the job would use only one of "
+                                "them, set it in one place")
             owner.setdefault(name, where)
     return problems
-
-
-def _name_positionals(cls: type, sets: dict[str, str]) -> dict[str, str]:
-    """The rule's positional arguments under the names of the fields that take them."""
-    sets = dict(sets)
-    positional = sets.pop("_positional", "").split()
-    names = [f.name for f in dataclasses.fields(cls) if f.init and f.metadata.get("positional")]
-    sets.update(zip(names, positional))
-    return sets
-
-
-def _build_problem(cls: type, command: str, sets: dict[str, Any], sections: list[tuple[str, dict]]) -> str | None:
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    values = dict(sets)
-    hints = _hints(cls)
-    origin: dict[str, str] = {}
-    for where, flags in sections:
-        for key, value in (flags or {}).items():
-            name = key.replace("-", "_")
-            if name in sets or value is None:
-                continue  # reported as set by the rule / left out like the command line does
-            if name not in fields:
-                return f"{where}.{key}: not an option of `lrc {command}` (see `lrc {command} --help`)"
-            try:
-                values[name] = convert_value(value, hints[name], f"{where}.{key}")
-            except LRCError as err:
-                return str(err)
-            origin[name] = f"{where}.{key}"
-    for name in [n for n in fields if n in values and n not in origin and n in sets]:
-        try:
-            values[name] = convert_value(values[name], hints[name], f"the rule's --{name.replace('_', '-')}")
-        except LRCError:
-            values[name] = str(values[name])
-    try:
-        build_args(cls, values, f"lrc {command}")
-    except LRCError as err:
-        message = str(err).removeprefix(f"lrc {command}: ")
-        culprit = next((o for n, o in origin.items() if re.search(rf"(--{n.replace('_', '-')}|\b{n})\b", message)), None)
-        where = culprit or " / ".join(w for w, f in sections if f) or f"the options of `lrc {command}`"
-        return f"{where}: {message}"
-    return None
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-# ------------------------------------------------------------------ the student width
-
-
-def teacher_hidden_size(exp: str, settings: dict, workdir: Path | str = ".", world_class: type | None = None) -> tuple[int, str] | None:
-    """The teacher's hidden size and where it was read, when knowable before any job runs."""
-    if settings["teacher"]["source"] == "world":
-        world_class = world_class or command_args_class("world")
-        flags = _converted(world_class, settings.get("world") or {})
-        args = world_class(**(flags | {"out": Path("world")}))
-        sizes = getattr(args, "teacher_sizes", None)  # lrc world's resolved teacher sizes
-        return (int(sizes()["hidden_size"]), "the teacher sizes of the world section") if sizes else None
-    for path in (Path(workdir) / "results" / exp / "teacher" / "config.json", Path(workdir) / "config" / "teachers" / f"{exp}.json"):
-        if path.is_file():
-            try:
-                hidden = json.loads(path.read_text())["hidden_size"]
-            except (OSError, ValueError, KeyError, TypeError) as err:
-                raise LRCError(f"{path}: not a model config with a hidden_size ({err})") from err
-            return int(hidden), str(path)
-    return None
-
-
-def _converted(cls: type, flags: dict) -> dict:
-    hints = _hints(cls)
-    return {k: convert_value(v, hints[k], k) for k, v in flags.items() if k in hints and v is not None}
-
-
-def _width_problems(exp: str, settings: dict, classes: dict[str, type], workdir: Path | str) -> list[str]:
-    r = settings["student"]["hidden_size"]
-    try:
-        known = teacher_hidden_size(exp, settings, workdir, classes.get("world"))
-    except LRCError as err:
-        return [f"experiments.{exp}.world: {err}" if settings["teacher"]["source"] == "world" else str(err)]
-    if known is None or r < known[0]:
-        return []
-    return [f"experiments.{exp}.student.hidden_size: {r} must be below the teacher's hidden size {known[0]} (from {known[1]})"]
 
 
 # ------------------------------------------------------------------ resources
@@ -434,5 +351,6 @@ def _accelerate_problems(exp: str, settings: dict, roots: list[Path | str]) -> l
     for stage in settings.get("resources") or {}:
         value = resource(settings, stage, "accelerate")
         if not any((Path(root) / value).is_file() for root in roots):
-            problems.append(f"experiments.{exp}.resources.{stage}.accelerate: {value!r} is not an existing file (an accelerate config, e.g. config/accelerate/ddp.yaml)")
+            problems.append(f"experiments.{exp}.resources.{stage}.accelerate: {value!r} is not an existing file "
+                            "(an accelerate config, e.g. config/accelerate/ddp.yaml)")
     return problems

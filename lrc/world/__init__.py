@@ -34,12 +34,15 @@ from lrc.world.tokenizer import train_tokenizer
 # CPU minutes with TEACHER_TRAINING below; an untrained student-shaped model is at chance),
 # "test" the seconds-long world of the end-to-end test (plumbing, not learning).
 SIZES: dict[str, WorldSize] = {
-    "default": WorldSize(people=200, cities=16, docs_per_person=120, valid_docs_per_person=2, eval_docs=400, vocab_size=2048),
+    "default": WorldSize(people=200, cities=16, docs_per_person=120, valid_docs_per_person=2, eval_docs=400,
+                         vocab_size=2048),
     "test": WorldSize(people=40, cities=8, docs_per_person=20, valid_docs_per_person=2, eval_docs=40, vocab_size=512),
 }
 TEACHERS: dict[str, dict[str, int]] = {
-    "default": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
-    "test": dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
+    "default": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2),
+    "test": dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2),
 }
 # How the calibration trained the teacher (AdamW, fp32, one CPU thread); recorded in
 # world.json as a recommendation for `lrc pretrain`, which owns the actual settings.
@@ -112,11 +115,13 @@ def generate(out: Path, size: WorldSize, teacher_sizes: dict[str, int], seed: in
     chat_text = [m["content"] for conv in sft_train for m in conv]
     tokenizer = train_tokenizer(train_docs + chat_text, size.vocab_size, out / "tokenizer")
     tasks = write_tasks(world, out / "tasks", size.eval_docs, streams["tasks"])
-    (out / "teacher_config.json").write_text(json.dumps(teacher_config(teacher_sizes, tokenizer), indent=2, sort_keys=True) + "\n")
+    (out / "teacher_config.json").write_text(
+        json.dumps(teacher_config(teacher_sizes, tokenizer), indent=2, sort_keys=True) + "\n")
     record = _world_record(world, size, seed, tasks)
     record["teacher_training"] = TEACHER_TRAINING[preset]
     record["single_token_names"] = _single_token_fraction(tokenizer, [p.name for p in world.people])
-    record["corpus_tokens"] = {"train": _count_tokens(tokenizer, train_docs), "valid": _count_tokens(tokenizer, valid_docs)}
+    record["corpus_tokens"] = {"train": _count_tokens(tokenizer, train_docs),
+                               "valid": _count_tokens(tokenizer, valid_docs)}
     (out / "world.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 

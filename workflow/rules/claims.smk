@@ -1,4 +1,4 @@
-# Every claim of METHOD.md section 4 in miniature, with seeds: one table per claim
+# Every claim of docs/method.md §4 in miniature, with seeds: one table per claim
 # (results/claims/{claim}.csv, mean, 95 % CI, per-seed values, paired gains), the saturation
 # figure, and the summary results/claims.csv / results/claims.md (`snakemake --cores 2
 # results/claims.md`). Which runs each claim reads: lrc.workflow.claims (config: `claims`).

@@ -1,0 +1,90 @@
+"""The options of the training loop: :class:`TrainArgs`, shared by every training command.
+
+Split from :mod:`lrc.training.loop` (whose docstring gives the decisions behind these options) so
+that the loop module stays within the module size limit; ``lrc.training.loop`` imports
+``TrainArgs`` back, so ``from lrc.training.loop import TrainArgs`` keeps working.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from lrc.errors import LRCError
+from lrc.options import check_choice
+from lrc.training import checkpoint as ckpt
+
+SCHEDULES = ("linear", "cosine", "constant")
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass(kw_only=True)
+class TrainArgs:
+    """Options of the training loop (shared by every training command)."""
+
+    tokens: int = field(default=0, metadata={
+        "help": "token budget; steps = tokens // (batch_size * seq_len); 0 trains nothing"})
+    batch_size: int = field(default=8, metadata={"help": "sequences per optimiser step, over all processes"})
+    micro_batch_size: int = field(default=8, metadata={
+        "help": "sequences per forward pass on one process (gradient accumulation fills the rest)"})
+    lr: float = field(default=1e-4, metadata={"help": "peak learning rate"})
+    schedule: Literal["linear", "cosine", "constant"] = field(default="linear", metadata={
+        "help": "learning-rate decay after warm-up"})
+    warmup: float = field(default=0.005, metadata={"help": "warm-up as a fraction of the steps"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay (matrices only)"})
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "AdamW betas"})
+    eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
+    grad_clip: float = field(default=1.0, metadata={"help": "clip the global gradient norm to this (0: no clipping)"})
+    seed: int = field(default=0, metadata={"help": "seed of the data order and of any randomness in training"})
+    precision: Literal["auto", "fp32", "bf16"] = field(default="auto", metadata={
+        "help": "auto: fp32 on CPU, bf16 mixed precision on GPU"})
+    checkpoint_every: int = field(default=0, metadata={
+        "help": "save a resumable checkpoint every N steps (0: only at the end)"})
+    log_every: int = field(default=10, metadata={"help": "log metrics (and check for non-finite values) every N steps"})
+    ckpt_dir: Path | None = field(default=None, metadata={
+        "help": "checkpoint directory (default: <out>.ckpt next to the output)"})
+    keep_checkpoints: Literal["final", "all", "none"] = field(default="final", metadata={
+        "help": "once finished, keep: final (the final weights a rerun rewrites its output from, no optimiser state), "
+                "all (two full checkpoints), none"})
+    threads: int = field(default=0, metadata={"help": "torch CPU threads per process (0: leave torch's default)"})
+    tensorboard: bool = field(default=False, metadata={
+        "help": "also log to TensorBoard under <ckpt_dir>/tb (needs the tensorboard package)"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+    activation_checkpointing: bool = field(default=False, metadata={
+        "help": "checkpoint each decoder layer of the trained model: its activations are recomputed in backward (less "
+                "memory, one more forward of the layers, the same trajectory; lrc.training.recompute)"})
+    recompute_teacher: bool = field(default=False, metadata={
+        "help": "with --activation-checkpointing, lrc recipe: keep only each teacher layer's input and rerun the "
+                "teacher's layer inside the student's checkpointed one, so the clone terms' activations live one layer "
+                "at a time (two more forwards of the teacher's layers, the same trajectory; lrc.method.clone)"})
+    shard_optimizer: bool = field(default=False, metadata={
+        "help": "DDP: each process keeps AdamW's states for its share of the parameters only, and broadcasts their new "
+                "values (ZeRO stage 1; the same trajectory and checkpoints; lrc.training.optim)"})
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "checkpoint_every", "threads"):
+            if getattr(self, name) < 0:
+                raise LRCError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        for name in ("batch_size", "micro_batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise LRCError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        check_choice("--schedule", self.schedule, SCHEDULES)
+        check_choice("--precision", self.precision, PRECISIONS)
+        check_choice("--keep-checkpoints", self.keep_checkpoints, ckpt.RETENTIONS)
+        if self.recompute_teacher and not self.activation_checkpointing:
+            raise LRCError("--recompute-teacher (train.recompute_teacher) reruns the teacher inside the student's "
+                           "checkpointed layers: it needs --activation-checkpointing")
+        if not 0.0 <= self.warmup < 1.0:
+            raise LRCError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if len(self.betas) != 2:
+            raise LRCError(f"--betas takes two values, got {self.betas}")
+        self.betas = [float(b) for b in self.betas]
+        if self.ckpt_dir is not None:
+            self.ckpt_dir = Path(self.ckpt_dir)
+
+
+def train_args_from(args: Any) -> TrainArgs:
+    """The TrainArgs part of a command's argument dataclass (which inherits TrainArgs)."""
+    return TrainArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainArgs)})
