@@ -44,8 +44,10 @@ def parse_args(cls: type[T], argv: Sequence[str] | None = None, prog: str | None
     parser.add_argument("--config", type=Path, help="YAML file with values for any of the options below")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    for name, f in fields.items():
-        _add_option(parser, name, hints[name], f)
+    for title, names in _option_groups(cls, fields):
+        group = parser if title == "options" else parser.add_argument_group(title)  # argparse's own section
+        for name in names:
+            _add_option(group, name, hints[name], fields[name])
     ns = vars(parser.parse_args(list(argv) if argv is not None else None))
     values: dict[str, Any] = {}
     config_file = ns.pop("config")
@@ -67,6 +69,23 @@ def parse_args(cls: type[T], argv: Sequence[str] | None = None, prog: str | None
         raise LRCError(f"{prog or cls.__name__}: {err}") from err
 
 
+def _option_groups(cls: type, fields: dict[str, dataclasses.Field]) -> list[tuple[str, list[str]]]:
+    """``--help``'s sections: the command's own options first (those its module declares), then one
+    section per options class it takes from a library module (training, recipe, ...), named by it."""
+    owner: dict[str, type] = {}
+    for klass in reversed(cls.__mro__):  # a subclass that declares a field again owns it
+        for name in vars(klass).get("__annotations__", {}):
+            if name in fields:
+                owner[name] = klass
+    groups: dict[str, list[str]] = {}
+    for name in fields:
+        klass = owner.get(name, cls)
+        own = klass.__module__ == cls.__module__
+        title = "options" if own else f"{klass.__module__}.{klass.__name__}"
+        groups.setdefault(title, []).append(name)
+    return sorted(groups.items(), key=lambda item: item[0] != "options")
+
+
 def _is_required(f: dataclasses.Field) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
@@ -79,7 +98,8 @@ def _unwrap_optional(tp: Any) -> Any:
     return tp
 
 
-def _add_option(parser: argparse.ArgumentParser, name: str, tp: Any, f: dataclasses.Field) -> None:
+def _add_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, tp: Any,
+                f: dataclasses.Field) -> None:
     flag = "--" + name.replace("_", "-")
     flags = [flag] if "_" not in name else [flag, "--" + name]
     help_text = f.metadata.get("help", "")
