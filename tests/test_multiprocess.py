@@ -30,7 +30,8 @@ def run_training(out: Path, kind: str) -> None:
     the `lrc` recipe, whose frozen teacher each process holds unwrapped."""
     from safetensors.torch import save_file
 
-    from lrc.training.loop import TrainArgs, is_main_process, train
+    from lrc.io.provenance import is_main_process
+    from lrc.training.loop import TrainArgs, train
     from tests.helpers import SEQ, RandomTokens, tiny_llama
 
     if kind == "lm":

@@ -25,7 +25,8 @@ class TrainArgs:
     """Options of the training loop (shared by every training command)."""
 
     tokens: int = field(default=0, metadata={
-        "help": "token budget; steps = tokens // (batch_size * seq_len); 0 trains nothing"})
+        "help": "token budget; steps = tokens // (batch_size * seq_len); 0 trains nothing (a budget above 0 that buys "
+                "no step is an error)"})
     batch_size: int = field(default=8, metadata={"help": "sequences per optimiser step, over all processes"})
     micro_batch_size: int = field(default=8, metadata={
         "help": "sequences per forward pass on one process (gradient accumulation fills the rest)"})
@@ -42,7 +43,8 @@ class TrainArgs:
         "help": "auto: fp32 on CPU, bf16 mixed precision on GPU"})
     checkpoint_every: int = field(default=0, metadata={
         "help": "save a resumable checkpoint every N steps (0: only at the end)"})
-    log_every: int = field(default=10, metadata={"help": "log metrics (and check for non-finite values) every N steps"})
+    log_every: int = field(default=10, metadata={
+        "help": "log metrics (and check for non-finite values and divergence) every N steps"})
     ckpt_dir: Path | None = field(default=None, metadata={
         "help": "checkpoint directory (default: <out>.ckpt next to the output)"})
     keep_checkpoints: Literal["final", "all", "none"] = field(default="final", metadata={
@@ -59,12 +61,26 @@ class TrainArgs:
         "help": "with --activation-checkpointing, lrc recipe: keep only each teacher layer's input and rerun the "
                 "teacher's layer inside the student's checkpointed one, so the clone terms' activations live one layer "
                 "at a time (two more forwards of the teacher's layers, the same trajectory; lrc.method.clone)"})
+    divergence_factor: float = field(default=10.0, metadata={
+        "help": "stop the run with an error naming the step, without saving (checkpoints wait while the loss is "
+                "above), when the loss stays above this many times the run's best level, the lowest value of its "
+                "moving average (decay 0.99, from the first step), for --divergence-steps consecutive steps. 10: far "
+                "above batch-to-batch noise (the tiny world's loss curves stay within 1.1x of their best level), "
+                "while a diverging run is 100x to 1e9x above it; 0: off (lrc.training.guards)"})
+    divergence_steps: int = field(default=10, metadata={
+        "help": "consecutive steps the loss must stay above --divergence-factor x its best level to stop the run: a "
+                "short spike comes back, a divergence does not; 10 with --divergence-warmup 5 still catches a "
+                "20-step run (0: off)"})
+    divergence_warmup: int = field(default=5, metadata={
+        "help": "the first steps after the start (or a resume) that the divergence check does not count (their loss "
+                "still sets the level): the first optimiser steps may jump above a warm-started model's loss and "
+                "fall back"})
     shard_optimizer: bool = field(default=False, metadata={
         "help": "DDP: each process keeps AdamW's states for its share of the parameters only, and broadcasts their new "
                 "values (ZeRO stage 1; the same trajectory and checkpoints; lrc.training.optim)"})
 
     def __post_init__(self) -> None:
-        for name in ("tokens", "checkpoint_every", "threads"):
+        for name in ("tokens", "checkpoint_every", "threads", "divergence_steps", "divergence_warmup"):
             if getattr(self, name) < 0:
                 raise LRCError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         for name in ("batch_size", "micro_batch_size", "log_every"):
@@ -78,6 +94,8 @@ class TrainArgs:
                            "checkpointed layers: it needs --activation-checkpointing")
         if not 0.0 <= self.warmup < 1.0:
             raise LRCError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if self.divergence_factor != 0 and not self.divergence_factor > 1:
+            raise LRCError(f"--divergence-factor must be > 1 (0: off), got {self.divergence_factor}")
         if len(self.betas) != 2:
             raise LRCError(f"--betas takes two values, got {self.betas}")
         self.betas = [float(b) for b in self.betas]

@@ -9,7 +9,7 @@ sharded, the tied factor, unsharded again before ``train`` returns).
 The code reads in the order of a run: :func:`setup` (accelerator, precision, batch split,
 optimizer, schedule, teacher placement), the checkpoint lock and :func:`resume`, :func:`fit`
 calling :func:`train_step` once per optimiser step and :class:`lrc.training.steplog.StepLog` for the
-metrics window and the guards, then :func:`finish` (summary, DONE marker).
+metrics window and the guards (:mod:`lrc.training.guards`), then :func:`finish` (summary, DONE marker).
 
 Decisions, and why:
 
@@ -17,7 +17,8 @@ Decisions, and why:
   sequences per optimiser step *over all processes*, ``micro_batch_size`` sequences per
   forward on one process, and the gradient is accumulated over
   ``batch_size / (micro_batch_size * num_processes)`` micro-batches. ``tokens = 0`` is
-  valid: no step is taken, outputs are still written (a zero-token warm start).
+  valid: no step is taken, outputs are still written (a zero-token warm start). A budget
+  above 0 that buys no step is refused before any work (:func:`lrc.training.guards.steps_of_budget`).
 - **Data order is a pure function of (seed, step).** Global sequence ``n`` is row
   ``perm_e[n % N]`` of the dataset, ``perm_e`` a seeded permutation per epoch ``e``. Step
   ``s`` takes global sequences ``[s*B, (s+1)*B)``, cut into micro-batches of
@@ -42,7 +43,10 @@ Decisions, and why:
 - **Guards without host syncs.** Every step records, on the device, whether the loss, any
   loss term or the gradient norm is non-finite and the first step where that happened. The
   flag is read at log steps and before every checkpoint, so a poisoned run stops with an
-  ``LRCError`` naming the step and the term, and never writes a checkpoint after it.
+  ``LRCError`` naming the step and the term, and never writes a checkpoint after it. A
+  diverging loss (``divergence_*``: far above the run's best level for many steps, still
+  finite) stops the same way (:class:`lrc.training.guards.DivergenceGuard`); a checkpoint due
+  while the loss is above that threshold waits until it is back under it.
 - **Precision:** ``auto`` is fp32 on CPU and bf16 mixed precision (autocast, fp32 master
   weights) on GPU. The frozen teacher of a distillation objective (``objective.teacher``)
   is moved to the device and cast to bf16 under bf16 mixed precision; freezing it (eval,
@@ -77,6 +81,7 @@ from lrc.io.hf import cast_weights, trainable_parameters
 from lrc.training import checkpoint as ckpt
 from lrc.training import recompute, sharding
 from lrc.training.args import TrainArgs  # also the name's old import path (tests, scripts)
+from lrc.training.guards import DivergenceGuard, steps_of_budget
 from lrc.training.optim import CoordinateAdamW, coordinate_maps
 from lrc.training.steplog import StepLog
 
@@ -231,15 +236,12 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     if n_rows == 0:
         raise LRCError("the training data set is empty")
     seq_len = int(dataset[0]["input_ids"].shape[-1])
-    steps = args.tokens // (args.batch_size * seq_len)
+    steps = steps_of_budget(args.tokens, args.batch_size, seq_len)  # first: a budget that buys no step is refused
     accelerator, mixed = _accelerator(args)
     P = accelerator.num_processes
     if args.batch_size % (args.micro_batch_size * P):
         raise LRCError(f"--batch-size {args.batch_size} must be a multiple of --micro-batch-size "
                        f"{args.micro_batch_size} times the number of processes {P}")
-    if 0 < args.tokens < args.batch_size * seq_len:
-        accelerator.print(f"warning: --tokens {args.tokens} is less than one step ({args.batch_size} x {seq_len} "
-                          "tokens); no step is taken")
     if accelerator.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(accelerator.device)
     set_seed(args.seed)
@@ -326,17 +328,20 @@ def fit(run: Run, objective: Objective, dataset: Dataset, log: StepLog, start_st
     batches = iter(DataLoader(dataset, batch_sampler=sampler, num_workers=0, pin_memory=run.device.type == "cuda"))
     # After prepare: under FSDP2 the optimised tensors are the sharded ones.
     trainable = [p for p in run.wrapped.parameters() if p.requires_grad]
+    waiting = False  # a checkpoint put off while the loss is far above its best level (the divergence guard)
     for step in range(start_step, run.steps):
         step_vec, names, lr_used = train_step(run, objective, batches, trainable, log.timing_optimizer)
         log.record(step, step_vec, names)
         done_step = step + 1
         is_log = done_step % args.log_every == 0 or done_step == run.steps
-        is_ckpt = done_step == run.steps or (args.checkpoint_every and done_step % args.checkpoint_every == 0)
+        is_ckpt = waiting or done_step == run.steps or bool(args.checkpoint_every
+                                                            and done_step % args.checkpoint_every == 0)
         if is_log or is_ckpt:
-            log.raise_if_bad()  # before any checkpoint: a poisoned state is never saved
+            log.raise_if_bad()  # before any checkpoint: a poisoned or diverged state is never saved
         if is_log:
             log.write(done_step, lr_used)
-        if is_ckpt:
+        waiting = is_ckpt and log.rising and done_step < run.steps
+        if is_ckpt and not waiting:
             ckpt.save_checkpoint(acc, run.bare, run.ckpt_dir, done_step, run.fingerprint, run.fsdp)
 
 
@@ -386,9 +391,11 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
             run.accelerator.print(f"training already finished ({ckpt_dir}); reusing its final state")
             summary = done["summary"] | extra | {"already_done": True}
         else:
+            divergence = DivergenceGuard(factor=args.divergence_factor, steps=args.divergence_steps,
+                                         warmup=args.divergence_warmup, device=run.device)
             log = StepLog(run.accelerator, ckpt_dir, steps=run.steps, start_step=start_step,
                           tokens_per_step=run.tokens_per_step, tensorboard=args.tensorboard, progress=args.progress,
-                          hook=hook)
+                          hook=hook, divergence=divergence)
             fit(run, objective, dataset, log, start_step)
             summary = finish(run, log, start_step, resumed_from) | extra | {"already_done": False}
         if run.accelerator.is_fsdp2:

@@ -1,4 +1,4 @@
-"""The training loop's logging and non-finite guard: one :class:`StepLog` per run.
+"""The training loop's logging and its guards (non-finite values, divergence): one :class:`StepLog` per run.
 
 Split from :mod:`lrc.training.loop` (which keeps the decisions in its docstring) so that the loop
 reads as setup, resume, step, log, finish. Why it looks as it does:
@@ -8,7 +8,10 @@ reads as setup, resume, step, log, finish. Why it looks as it does:
   remembered with ``torch.where``. The host reads them only at log steps (one ``reduce``
   over processes, one ``tolist``) and before a checkpoint (one ``gather``).
 - **The earliest bad step wins, on every process alike**, so all processes raise the same
-  ``LRCError`` and none is left waiting in a collective.
+  ``LRCError`` and none is left waiting in a collective. The divergence guard
+  (:class:`lrc.training.guards.DivergenceGuard`, its own state on the device too) is read in the same
+  gather; a non-finite value and a divergence: the earlier one is reported (a tie: the non-finite).
+  Either error names the checkpoint the run leaves behind.
 - **Sinks on the main process only**: ``metrics.jsonl`` in the checkpoint directory
   (appended line by line, truncated to the resumed step first), TensorBoard (optional
   package, imported only when asked for) and the progress bar.
@@ -38,20 +41,27 @@ import torch
 from tqdm.auto import tqdm
 
 from lrc.errors import LRCError
-from lrc.training.checkpoint import METRICS_FILE, truncate_metrics
+from lrc.training.checkpoint import METRICS_FILE, latest_checkpoint, truncate_metrics
+from lrc.training.guards import DivergenceGuard
 
 
 class StepLog:
-    """The metric window, the non-finite guard and the sinks (metrics.jsonl, TensorBoard, bar).
+    """The metric window, the guards (non-finite; ``divergence``, if given) and the sinks (metrics.jsonl,
+    TensorBoard, bar).
 
     Per step everything stays on the device; :meth:`raise_if_bad` and :meth:`write` (log and
-    checkpoint steps only) are the host syncs.
+    checkpoint steps only) are the host syncs. After :meth:`raise_if_bad`, :attr:`rising` says
+    whether the latest step's loss was high on some process (a checkpoint then waits: see the loop's ``fit``).
     """
 
     def __init__(self, accelerator: Any, ckpt_dir: Path, *, steps: int, start_step: int, tokens_per_step: int,
-                 tensorboard: bool = False, progress: bool = True, hook: Any = None):
+                 tensorboard: bool = False, progress: bool = True, hook: Any = None,
+                 divergence: DivergenceGuard | None = None):
         self.acc, self.tokens_per_step = accelerator, tokens_per_step
         self.main = accelerator.is_main_process
+        self.ckpt_dir = Path(ckpt_dir)
+        self.divergence = divergence if (divergence is not None and divergence.enabled) else None
+        self.rising = False
         self.path = Path(ckpt_dir) / METRICS_FILE
         if self.main:
             truncate_metrics(self.path, start_step)
@@ -82,6 +92,8 @@ class StepLog:
         newly = bad.any() & (self.first_bad_step < 0)
         self.first_bad_step = torch.where(newly, torch.full_like(self.first_bad_step, step), self.first_bad_step)
         self.first_bad_what = torch.where(newly, bad, self.first_bad_what)
+        if self.divergence is not None:
+            self.divergence.update(step, step_vec[0])
         self.window_sum = step_vec if self.window_sum is None else self.window_sum + step_vec
         self.window_steps += 1
         if self.hook is not None:
@@ -112,20 +124,32 @@ class StepLog:
         return self.optimizer_wall + sum(start.elapsed_time(end) for start, end in self.optimizer_events) / 1000
 
     def raise_if_bad(self) -> None:
-        # The earliest bad step over all processes (-1 = none); every process raises alike.
-        steps = self.acc.gather(self.first_bad_step.reshape(1)).tolist()
-        bad = [s for s in steps if s >= 0]
-        if not bad:
-            return
-        worst = min(bad)
-        names = ["loss"] + list(self.names or []) + ["grad_norm"]
-        what = (self.first_bad_what.tolist()
-                if (self.first_bad_what is not None and int(self.first_bad_step) == worst) else [])
-        culprits = [n for n, b in zip(names, what) if b] or ["(on another process)"]
-        raise LRCError(
-            f"non-finite value at step {worst + 1} (1-based; after {worst} good steps) in: {', '.join(culprits)}; "
-            "stopped without saving; the last good checkpoint is kept"
-        )
+        """Raise the earliest non-finite value or divergence over all processes (every process alike);
+        set :attr:`rising`. One gather: ``[first bad step, divergence step, loss, level, latest step high]``."""
+        own = [self.first_bad_step.to(torch.float64).reshape(1)]
+        if self.divergence is not None:
+            own.append(self.divergence.state())
+        rows = self.acc.gather(torch.cat(own).reshape(1, -1)).tolist()
+        bad = [int(r[0]) for r in rows if r[0] >= 0]
+        found = sorted(r[1:4] for r in rows if len(r) > 1 and r[1] >= 0)
+        self.rising = any(r[4] > 0 for r in rows if len(r) > 1)
+        if bad and (not found or min(bad) <= found[0][0]):
+            worst = min(bad)
+            names = ["loss"] + list(self.names or []) + ["grad_norm"]
+            what = (self.first_bad_what.tolist()
+                    if (self.first_bad_what is not None and int(self.first_bad_step) == worst) else [])
+            culprits = [n for n, b in zip(names, what) if b] or ["(on another process)"]
+            raise LRCError(f"non-finite value at step {worst + 1} (1-based; after {worst} good steps) in: "
+                           f"{', '.join(culprits)}; {self._kept()}")
+        if found:
+            step, loss, level = found[0]
+            raise LRCError(f"{self.divergence.message(int(step), loss, level)}; {self._kept()}")
+
+    def _kept(self) -> str:
+        kept = latest_checkpoint(self.ckpt_dir)
+        if kept is None:
+            return "stopped without saving; no checkpoint had been written"
+        return f"stopped without saving; the last good checkpoint is kept: {kept}"
 
     def write(self, done_step: int, lr_used: float) -> None:
         """Reduce the window over processes and write one metrics line (the one sync per window)."""
