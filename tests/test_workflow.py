@@ -223,7 +223,7 @@ def test_checkpoint_key_covers_the_student_width():
         key32, _ = warmstart_key(32, Path(b))
     assert key64 != key32 and "64" in shlex.split(key64)
     for flag, value in re.findall(r"--([a-z-]+) (\S+)", cmd.split("--ckpt-dir", 1)[0]):
-        if not value.startswith("results/"):  # paths are hashed through their settings.json
+        if not value.startswith("results/"):  # paths are hashed through their content
             assert value in key64 or value in cmd.split("/warmstart/", 1)[1].split()[0], (flag, value)
 
 

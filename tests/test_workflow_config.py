@@ -307,23 +307,22 @@ def ckpt_dir(*args) -> str:
     return subprocess.run(["bash", "-c", script, "ckpt_dir", *args], capture_output=True, text=True, check=True).stdout
 
 
-def test_checkpoint_key_hashes_every_param_and_the_inputs_settings(tmp_path):
+def test_checkpoint_key_hashes_every_param_and_the_inputs_content(tmp_path, monkeypatch):
+    """More in tests/test_checkpoint_integrity.py: a rebuilt input of the same bytes keeps its key."""
+    monkeypatch.chdir(tmp_path)  # the hash cache goes to ./checkpoints
     inp = tmp_path / "in"
     inp.mkdir()
-    (inp / "settings.json").write_text('{"a": 1}')
+    (inp / "settings.json").write_text('{"created": 1}')
+    (inp / "model.safetensors").write_bytes(b"weights")
     base = ckpt_dir("results/x/warmstart/lrc", "64", "--lr 0.1", "--", str(inp))
     assert base.startswith("checkpoints/x/warmstart/lrc/") and len(base.rsplit("/", 1)[1]) == 12
     assert ckpt_dir("results/x/warmstart/lrc", "32", "--lr 0.1", "--", str(inp)) != base  # the student width
     assert ckpt_dir("results/x/warmstart/lrc", "64", "--lr 0.2", "--", str(inp)) != base
     assert ckpt_dir("results/x/warmstart/lrc", "64", "--lr 0.1", "--", str(inp)) == base
-    (inp / "settings.json").write_text('{"a": 2}')
-    assert ckpt_dir("results/x/warmstart/lrc", "64", "--lr 0.1", "--", str(inp)) != base  # a rebuilt input
-    # A job with one param keeps the key it had before params other than the flags counted.
-    one = ckpt_dir("results/x/distill/r", "--lr 0.1", "--", str(inp))
-    old = subprocess.run(["bash", "-c",
-                          f'{{ printf "%s\\n" "--lr 0.1"; cat "{inp}/settings.json"; }} | sha256sum | cut -c1-12'],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    assert one == f"checkpoints/x/distill/r/{old}"
+    (inp / "settings.json").write_text('{"created": 2}')  # only the record of the build: the same input
+    assert ckpt_dir("results/x/warmstart/lrc", "64", "--lr 0.1", "--", str(inp)) == base
+    (inp / "model.safetensors").write_bytes(b"weightz")  # other content: another input
+    assert ckpt_dir("results/x/warmstart/lrc", "64", "--lr 0.1", "--", str(inp)) != base
 
 
 # ---------------------------------------------------------------- local teachers (import-teacher)

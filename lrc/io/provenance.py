@@ -2,11 +2,23 @@
 
 Every stage calls :func:`write_settings` on its output directory, so any result can
 be traced back to the exact settings and code that made it.
+
+The code is named by :func:`code_identity`: the git revision (``-dirty`` with local changes),
+the package version and ``source_sha256``, a hash of the package's own source files, which
+tells two dirty trees (or two installs without git) apart and ignores commits that change no
+code. A training output's weights may come from an earlier run's checkpoint (a rerun that
+finds the run finished, or a run resumed across a code change): the training summary then
+lists the code that trained them (``trained_by``, from the checkpoints, see
+:mod:`lrc.training.integrity`), and when that is not this code, :func:`write_settings` records
+*that* revision as the output's ``git_revision`` (several joined by ``+``) and this one as
+``written_by``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import os
 import platform
 import subprocess
@@ -34,6 +46,41 @@ def git_revision() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return rev + ("-dirty" if dirty else "")
+
+
+@functools.lru_cache(maxsize=1)
+def source_sha256() -> str:
+    """SHA-256 of the ``lrc`` package's Python files (relative path and bytes), read once per process:
+    the code this process imported, whatever is edited later."""
+    root = Path(lrc.__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(f"{path.relative_to(root).as_posix()}\n{path.stat().st_size}\n".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def code_identity() -> dict[str, str | None]:
+    """The code running now: ``git_revision``, ``lrc_version``, ``source_sha256``."""
+    return {"git_revision": git_revision(), "lrc_version": lrc.__version__, "source_sha256": source_sha256()}
+
+
+def same_code(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two :func:`code_identity` records name the same code: by the source hash when both
+    have one (a commit that changes no code is the same code), else by revision and version."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    if a.get("source_sha256") and b.get("source_sha256"):
+        return a["source_sha256"] == b["source_sha256"]
+    return (a.get("git_revision"), a.get("lrc_version")) == (b.get("git_revision"), b.get("lrc_version"))
+
+
+def describe_code(identity: dict[str, Any] | None) -> str:
+    """``revision abc123 (lrc 0.1.0, source 1a2b3c4d5e6f)``, for messages."""
+    if not isinstance(identity, dict) or not any(identity.get(k) for k in ("git_revision", "source_sha256")):
+        return "unrecorded code"
+    source = (identity.get("source_sha256") or "?")[:12]
+    return f"revision {identity.get('git_revision') or 'unknown'} (lrc {identity.get('lrc_version')}, source {source})"
 
 
 def library_versions() -> dict[str, str | None]:
@@ -92,8 +139,7 @@ def provenance(command: str, settings: Any) -> dict[str, Any]:
     return {
         "command": command,
         "settings": to_jsonable(settings),
-        "lrc_version": lrc.__version__,
-        "git_revision": git_revision(),
+        **code_identity(),
         "python": sys.version.split()[0],
         "libraries": library_versions(),
         "machine": machine(),
@@ -106,7 +152,30 @@ def write_settings(out_dir: str | Path, command: str, settings: Any, **extra: An
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     record = provenance(command, settings) | to_jsonable(extra)
+    if isinstance(extra.get("training"), dict):
+        record |= weights_code(extra["training"], code_identity())
     return write_json_atomic(out / SETTINGS_FILE, record)
+
+
+def weights_code(training: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """The code fields of a training output's settings.json, from its training summary.
+
+    Nothing changes when this code trained the weights. When other code did (``trained_by``,
+    oldest first; absent on a reused finished run: unrecorded), ``git_revision``,
+    ``lrc_version`` and ``source_sha256`` name that code, several joined by ``+``, and
+    ``written_by`` this code, which only wrote the output from those weights.
+    """
+    trained = training.get("trained_by")
+    if trained is None and not training.get("already_done"):
+        trained = [current]  # trained here, from the start
+    if isinstance(trained, list) and len(trained) == 1 and same_code(trained[0], current):
+        return {}
+    known = trained if isinstance(trained, list) and trained else [{}]
+    fields = {}
+    for key in ("git_revision", "lrc_version", "source_sha256"):
+        values = [str(c.get(key)) if isinstance(c, dict) and c.get(key) else "unrecorded" for c in known]
+        fields[key] = "+".join(dict.fromkeys(values))
+    return fields | {"written_by": current}
 
 
 def is_main_process() -> bool:

@@ -6,7 +6,9 @@ Layout of a checkpoint directory (``TrainArgs.ckpt_dir``)::
     step-000040/           one accelerate state (optimiser, scheduler, RNG per process)
         trainable.safetensors   the trainable parameters only (frozen teacher weights are
                                 rebuilt by the command, so they are not copied into every checkpoint)
-        trainer_state.json      step, data position, run fingerprint; written last
+        trainer_state.json      step, data position, run fingerprint, the SHA-256 of every other file
+                                and the code that trained the weights (:mod:`lrc.training.integrity`);
+                                written last
     step-000080/           the newest; the two newest are kept while the run trains
     metrics.jsonl          the live metrics log (each command copies it into its output)
     DONE                   JSON marker: the run finished; its final state is the newest step-*
@@ -19,9 +21,10 @@ Decisions, and why:
   full disk, a copy, a bad sector). Before resuming, the newest checkpoint's files are
   checked: the trainer state parses, ``trainable.safetensors`` holds exactly the model's
   trainable names and shapes, ``optimizer.bin`` and ``scheduler.bin`` load (memory-mapped:
-  the zip directory and pickle are read, the tensors are not, so this costs little even
-  for a large optimiser state) and match the optimiser's parameter count, and the RNG
-  files that exist load. A damaged one is set aside as ``damaged-step-*`` (kept for
+  the zip directory and pickle are read, the tensors are not) and match the optimiser's parameter
+  count, and the RNG files that exist load; then every file is re-hashed against the SHA-256
+  recorded when it was saved (a flipped bit in a weight passes every structural check; the cost:
+  :mod:`lrc.training.integrity`). A damaged one is set aside as ``damaged-step-*`` (kept for
   inspection, never listed) with a warning naming the file, and the previous one is tried;
   with none left the run starts afresh, with a warning. Since the data order is a function
   of the step, falling back costs only the steps redone, never exactness.
@@ -57,7 +60,6 @@ import fcntl
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +71,9 @@ from safetensors.torch import load_file, save_file
 from lrc.errors import LRCError
 from lrc.io.atomic import write_json_atomic, write_text_atomic
 from lrc.io.hf import trainable_parameters
+from lrc.training import integrity
+from lrc.training.integrity import TRAINER_STATE_FILE, DamagedCheckpoint, warn  # (their old home is here)
 
-TRAINER_STATE_FILE = "trainer_state.json"
 TRAINABLE_FILE = "trainable.safetensors"
 OPTIMIZER_FILE = "optimizer.bin"  # accelerate's names
 SCHEDULER_FILE = "scheduler.bin"
@@ -166,11 +169,10 @@ def read_done(ckpt_dir: str | Path) -> dict[str, Any] | None:
 
 
 def write_done(ckpt_dir: str | Path, step: int, summary: dict[str, Any]) -> None:
+    """Mark the run finished. Sets ``summary["trained_by"]`` (the loop returns it) to the final
+    checkpoint's code history, which DONE keeps for a rerun that reuses the weights."""
+    summary[integrity.TRAINED_BY] = integrity.final_code(latest_checkpoint(ckpt_dir))
     write_json_atomic(Path(ckpt_dir) / DONE_FILE, {"step": step, "summary": summary})
-
-
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 # ---- the lock -----------------------------------------------------------------------------
@@ -247,7 +249,9 @@ def save_checkpoint(accelerator, bare: torch.nn.Module, ckpt_dir: Path, step: in
         if not fsdp:
             tensors = {n: p.detach().to("cpu").contiguous() for n, p in trainable_parameters(bare)}
             save_file(tensors, str(tmp / TRAINABLE_FILE))
-        write_json_atomic(tmp / TRAINER_STATE_FILE, {"step": step, "data_position": step, "fingerprint": fingerprint})
+        before = [p for p in list_checkpoints(ckpt_dir) if _step_of(p) < step]  # resumed from, or saved last
+        write_json_atomic(tmp / TRAINER_STATE_FILE, {"step": step, "data_position": step, "fingerprint": fingerprint}
+                          | integrity.record(tmp, before[-1] if before else None))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -256,14 +260,6 @@ def save_checkpoint(accelerator, bare: torch.nn.Module, ckpt_dir: Path, step: in
 
 
 # ---- verify and load ----------------------------------------------------------------------
-
-
-class DamagedCheckpoint(Exception):
-    """A checkpoint file that is missing or does not parse; ``path`` names it."""
-
-    def __init__(self, path: Path, reason: str):
-        super().__init__(f"{path}: {reason}")
-        self.path, self.reason = path, reason
 
 
 def _check_state(step_dir: Path) -> dict[str, Any]:
@@ -329,11 +325,12 @@ def verify_checkpoint(step_dir: Path, *, trainable: dict[str, tuple[int, ...]] |
     directories (``SHARDED_MODEL_DIR``, ``SHARDED_OPTIMIZER_DIR``): their metadata is checked.
     A final-only checkpoint (:func:`retain_finished`) has its state and trainable weights only.
     """
-    if _check_state(step_dir).get(FINAL_ONLY):
+    if (state := _check_state(step_dir)).get(FINAL_ONLY):
         if sharded or trainable is None:
             raise DamagedCheckpoint(step_dir / TRAINER_STATE_FILE,
                                     "final weights only, which a sharded (FSDP) run cannot load")
         _check_trainable(step_dir / TRAINABLE_FILE, trainable)
+        integrity.check_files(step_dir, state, only=[TRAINABLE_FILE])
         return
     if sharded:
         for name in (SHARDED_MODEL_DIR, SHARDED_OPTIMIZER_DIR):
@@ -354,6 +351,7 @@ def verify_checkpoint(step_dir: Path, *, trainable: dict[str, tuple[int, ...]] |
     for p in range(processes):  # a missing RNG file (another process count) is accelerate's to skip
         if (step_dir / RNG_FILE.format(p)).exists():
             _check_torch_file(step_dir / RNG_FILE.format(p))
+    integrity.check_files(step_dir, state)  # last: the checks above name a truncated file more plainly
 
 
 def set_aside_damaged(ckpt_dir: Path, **expect) -> Path | None:
@@ -397,7 +395,8 @@ def load_latest(accelerator, bare: torch.nn.Module, optimizer, ckpt_dir: Path, f
     """Restore the newest good checkpoint into the prepared objects; return it (None: none).
 
     The main process removes partial writes and sets damaged checkpoints aside; then every
-    process loads what is left. A checkpoint made with other settings is refused.
+    process loads what is left. A checkpoint made with other settings is refused; one
+    trained by other code is used with a warning (:func:`lrc.training.integrity.note_other_code`).
     """
     if accelerator.is_main_process:
         remove_partial(ckpt_dir)
@@ -417,6 +416,8 @@ def load_latest(accelerator, bare: torch.nn.Module, optimizer, ckpt_dir: Path, f
             f"checkpoint {latest} was made with other settings ({', '.join(changed)} differ); "
             f"delete {ckpt_dir} to start afresh or use another --ckpt-dir"
         )
+    if accelerator.is_main_process:
+        integrity.note_other_code(latest, read_state(latest), ckpt_dir, done=read_done(ckpt_dir))
     try:
         if not is_final_only(latest):  # (a final-only one has no optimiser state; it is not trained on)
             accelerator.load_state(str(latest))

@@ -24,19 +24,11 @@ lrc_launch() {
 # ckpt_dir OUTPUT PARAM... -- INPUT...: the job's checkpoint directory, checkpoints/<OUTPUT
 # without results/>/<key>. It lies outside every declared output, so a failed job keeps it and
 # a restart resumes from it. The key hashes every param of the job (its flags and any setting
-# the rule passes through params, such as the student width) and its inputs' settings.json; the
-# wildcards are in OUTPUT. A changed config or a rebuilt input therefore starts afresh instead
-# of resuming a checkpoint of other settings or shapes.
+# the rule passes through params, such as the student width; the wildcards are in OUTPUT) and
+# the content of its inputs: every file but the records that differ between two identical
+# builds (settings.json with its timestamps, metrics, stamps: lrc/workflow/ckpt_key.py). A
+# changed config or an input whose bytes changed therefore starts afresh instead of resuming a
+# checkpoint of other settings or shapes; an input rebuilt byte for byte resumes.
 ckpt_dir() {
-    local out=$1
-    shift
-    local params=()
-    while [ $# -gt 0 ] && [ "$1" != "--" ]; do params+=("$1"); shift; done
-    [ $# -gt 0 ] && shift
-    local key
-    key=$({
-        printf '%s\n' "${params[@]}"
-        for d in "$@"; do cat "$d/settings.json" 2>/dev/null || true; done
-    } | sha256sum | cut -c1-12)
-    printf 'checkpoints/%s/%s' "${out#results/}" "$key"
+    python -m lrc.workflow.ckpt_key "$@"
 }
