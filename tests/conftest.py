@@ -33,10 +33,10 @@ def teacher(request) -> torch.nn.Module:
 @pytest.fixture(scope="module", params=["llama-tied", "qwen2-untied"])
 def world(request, tmp_path_factory) -> Path:
     """test_fsdp's world, shared with test_zero and test_teacher_recompute: a saved teacher, a corpus
-    and a trained warm start (:func:`tests.test_fsdp.make_world`). Parametrise it indirectly to take
+    and a trained warm start (:func:`tests.launch.make_world`). Parametrise it indirectly to take
     one teacher kind. A module with its own ``world`` fixture (test_world, test_evaluate, ...) uses
     that one instead."""
-    from tests.test_fsdp import make_world
+    from tests.launch import make_world
 
     return make_world(tmp_path_factory.mktemp(request.param), request.param)
 

@@ -13,20 +13,17 @@ import yaml
 
 from lrc.workflow import claims
 from lrc.workflow import config as wc
-from tests.test_workflow import (
+from tests.workflow_helpers import (
     COPY_IGNORE,
     ROOT,
-    _failure,
+    default_config,
+    failure_report,
     job_counts,
     shell_commands,
     snakemake,
 )
 
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
-
-
-def default_config() -> dict:
-    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 
 
 def dry_run(target: str, config: dict | None = None, tmp_path=None) -> str:
@@ -222,7 +219,7 @@ def test_claims_end_to_end_on_a_tiny_world(tmp_path):
     (repo / "claims.yaml").write_text(yaml.safe_dump(config))
 
     run = snakemake("--cores", "2", "results/claims.md", "--configfile", "claims.yaml", cwd=repo, timeout=1800)
-    assert run.returncode == 0, _failure(run, repo)
+    assert run.returncode == 0, failure_report(run, repo)
 
     results = repo / "results"
     table = pd.read_csv(results / "claims.csv")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tests.helpers import command_options
-from tests.test_workflow import ROOT, shell_commands, snakemake
+from tests.workflow_helpers import ROOT, shell_commands, snakemake
 
 CONFIG = ROOT / "config" / "paper" / "llama3.2-3b.yaml"
 

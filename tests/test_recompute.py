@@ -28,27 +28,10 @@ from lrc.training import recompute
 from lrc.training.loop import TrainArgs, train
 from lrc.training.memory import StepSpec, trace_step
 from tests.helpers import SEQ, RandomTokens, make_teacher, tiny_llama
+from tests.recompute_helpers import ARM_IMPLS, fit, masked_batch, perturbed_student
+from tests.workflow_helpers import default_config, rule_shells
 
 REPO = Path(__file__).resolve().parents[1]
-ARMS = [("slice", None), ("dense", None), ("core", "optimizer"), ("core", "parametrized"), ("confined", None),
-        ("randcomp", "optimizer"), ("randcomp", "parametrized")]
-
-
-def _student(kind="llama-tied", arm="slice", core_impl=None):
-    teacher = make_teacher(kind)
-    student = build_student(teacher, 16, seed=3)
-    if arm != "slice":
-        apply_arm(student, teacher, arm, **({"core_impl": core_impl} if core_impl else {}))
-    with torch.no_grad():  # away from the init, so that every term and gradient is non-trivial
-        for _, p in trainable_parameters(student):
-            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
-    return teacher, student.train()
-
-
-def _batch():
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, 97, (2, 16), generator=g)
-    return {"input_ids": ids, "loss_mask": torch.rand(2, 16, generator=g) > 0.3}
 
 
 class _Counts:
@@ -79,7 +62,7 @@ def _loss_and_grads(student, objective, checkpointed, keep_weights=True):
     student.zero_grad(set_to_none=True)
     counts = _Counts(student)
     with recompute.micro_batch(student, keep_weights=keep_weights):
-        total, terms = objective.loss(_batch(), model=student)
+        total, terms = objective.loss(masked_batch(), model=student)
         total.backward()
     counts.remove()
     grads = {n: p.grad.clone() for n, p in trainable_parameters(student)}
@@ -87,9 +70,9 @@ def _loss_and_grads(student, objective, checkpointed, keep_weights=True):
 
 
 @pytest.mark.parametrize("recipe", ["lrc", "kl"])
-@pytest.mark.parametrize("arm,core_impl", ARMS)
+@pytest.mark.parametrize("arm,core_impl", ARM_IMPLS)
 def test_checkpointed_loss_and_gradients_equal_the_plain_ones(arm, core_impl, recipe):
-    teacher, student = _student("llama-tied" if recipe == "lrc" else "qwen2-untied", arm, core_impl)
+    teacher, student = perturbed_student("llama-tied" if recipe == "lrc" else "qwen2-untied", arm, core_impl)
     objective = CloneObjective(teacher, student, RecipeArgs(recipe=recipe, temperature=2.0))
     plain, plain_terms, plain_grads, plain_counts = _loss_and_grads(student, objective, False)
     ckpt, ckpt_terms, ckpt_grads, counts = _loss_and_grads(student, objective, True)
@@ -111,7 +94,7 @@ def test_checkpointed_loss_and_gradients_equal_the_plain_ones(arm, core_impl, re
 
 def test_under_bf16_autocast_too():
     """The recompute runs under the forward's autocast state, and the weights it reuses were built under it."""
-    teacher, student = _student("llama-tied", "core", "parametrized")
+    teacher, student = perturbed_student("llama-tied", "core", "parametrized")
     objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         plain, _, plain_grads, _ = _loss_and_grads(student, objective, False)
@@ -146,18 +129,8 @@ def test_checkpointing_keeps_less_alive_in_the_traced_step():
         ckpt, rebuilt, layer_weights)
 
 
-def fit(objective, student, out: Path, steps: int, **kw) -> tuple[dict, dict]:
-    """``steps`` optimiser steps of 2 micro-batches of 2 sequences; the trained weights and the summary."""
-    args = TrainArgs(tokens=steps * 4 * SEQ, batch_size=4, micro_batch_size=2, lr=3e-3, warmup=0.0, log_every=1,
-                     progress=False, **kw)
-    summary = train(objective, student, RandomTokens(rows=24), args, out)
-    objective.close()
-    assert not recompute.is_enabled(student)  # train() leaves the model as it came
-    return {n: p.detach().clone() for n, p in trainable_parameters(student)}, summary
-
-
 def _train(out: Path, arm: str, checkpointed: bool, steps: int = 4, **kw) -> tuple[dict, dict]:
-    teacher, student = _student("llama-tied", arm, "optimizer" if arm == "core" else None)
+    teacher, student = perturbed_student("llama-tied", arm, "optimizer" if arm == "core" else None)
     return fit(CloneObjective(teacher, student, RecipeArgs(temperature=2.0)), student, out, steps,
                activation_checkpointing=checkpointed, **kw)
 
@@ -214,7 +187,7 @@ def test_the_options_reach_the_commands():
     assert default.activation_checkpointing is False and default.loss_impl == "fused"
     assert parse_args(SftArgs, ["--model", "m", "--data", "d", "--out", "o", "--activation-checkpointing"],
                       prog="lrc sft").activation_checkpointing
-    teacher, student = _student()
+    teacher, student = perturbed_student()
     assert CloneObjective(teacher, student, RecipeArgs(loss_impl="reference")).loss_impl == "reference"
     with pytest.raises(LRCError, match="loss_impl"):
         RecipeArgs(loss_impl="chunked")
@@ -222,7 +195,6 @@ def test_the_options_reach_the_commands():
 
 def test_a_workflow_config_can_set_both():
     from lrc.workflow import config as wc
-    from tests.test_workflow_config import default_config, rule_shells
 
     config = default_config()
     exp = config["experiments"]["tiny"]
@@ -236,7 +208,7 @@ def test_a_workflow_config_can_set_both():
 
 
 def run_training(out: Path) -> None:
-    """The `clone` run of tests/test_multiprocess.py (core arm, `lrc` recipe), checkpointed."""
+    """The `clone` run of tests/training_runs.py (core arm, `lrc` recipe), checkpointed."""
     from safetensors.torch import save_file
 
     from lrc.io.provenance import is_main_process

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.test_workflow import COPY_IGNORE, ROOT
+from tests.workflow_helpers import COPY_IGNORE, ROOT
 
 pytestmark = pytest.mark.slurm
 

@@ -18,7 +18,9 @@ from lrc.training import recompute
 from lrc.training.loop import TrainArgs
 from lrc.training.memory import StepSpec, trace_step
 from tests.helpers import make_teacher
-from tests.test_recompute import ARMS, _batch, _student, fit
+from tests.launch import ATOL, RTOL, compare, distill_flags, launch, run
+from tests.recompute_helpers import ARM_IMPLS, fit, masked_batch, perturbed_student
+from tests.workflow_helpers import ROOT, default_config, rule_shells
 
 
 def _loss_and_grads(student, objective, rerun_teacher):
@@ -26,7 +28,7 @@ def _loss_and_grads(student, objective, rerun_teacher):
     objective.recompute_teacher = rerun_teacher
     student.zero_grad(set_to_none=True)
     with recompute.micro_batch(student):
-        total, terms = objective.loss(_batch(), model=student)
+        total, terms = objective.loss(masked_batch(), model=student)
         total.backward()
     grads = {n: p.grad.clone() for n, p in trainable_parameters(student)}
     return total.detach(), terms, grads
@@ -48,11 +50,11 @@ def _assert_same(a, b):
         assert torch.equal(grads_b[name], g), name
 
 
-@pytest.mark.parametrize("arm,core_impl", ARMS)
+@pytest.mark.parametrize("arm,core_impl", ARM_IMPLS)
 @pytest.mark.parametrize("recipe", [dict(), dict(clone_norm="teacher_ms", loss_impl="reference"),
                                     dict(clone_terms=["gate", "up", "mlp_out"], clone_layers=[1])])
 def test_the_same_loss_terms_and_gradients_as_plain_checkpointing(arm, core_impl, recipe):
-    teacher, student = _student("llama-tied", arm, core_impl)
+    teacher, student = perturbed_student("llama-tied", arm, core_impl)
     objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0, **recipe))
     plain = _loss_and_grads(student, objective, False)
     runs, handles = _teacher_layer_runs(teacher)
@@ -69,7 +71,7 @@ def test_the_same_loss_terms_and_gradients_as_plain_checkpointing(arm, core_impl
 
 
 def test_under_bf16_autocast_too():
-    teacher, student = _student("qwen2-untied", "core", "parametrized")
+    teacher, student = perturbed_student("qwen2-untied", "core", "parametrized")
     objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _assert_same(_loss_and_grads(student, objective, False), _loss_and_grads(student, objective, True))
@@ -77,13 +79,13 @@ def test_under_bf16_autocast_too():
 
 def test_without_gradients_or_clone_terms_the_teacher_runs_once():
     """Evaluation (no gradients) and the kl recipe take the plain path: nothing to recompute."""
-    teacher, student = _student("llama-tied", "dense")
+    teacher, student = perturbed_student("llama-tied", "dense")
     recompute.enable(student)
     for recipe, grad in ((RecipeArgs(temperature=2.0), False), (RecipeArgs(recipe="kl", temperature=2.0), True)):
         objective = CloneObjective(teacher, student, recipe, recompute_teacher=True)
         runs, handles = _teacher_layer_runs(teacher)
         with torch.set_grad_enabled(grad), recompute.micro_batch(student):
-            total, _ = objective.loss(_batch(), model=student)
+            total, _ = objective.loss(masked_batch(), model=student)
             if grad:
                 total.backward()
         for h in handles:
@@ -115,7 +117,7 @@ def test_the_traced_step_keeps_one_teacher_input_per_layer_instead_of_the_terms(
 
 
 def _train(out, arm, rerun_teacher, steps=4):
-    teacher, student = _student("llama-tied", arm, "optimizer" if arm == "core" else None)
+    teacher, student = perturbed_student("llama-tied", arm, "optimizer" if arm == "core" else None)
     objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0), recompute_teacher=rerun_teacher)
     runs, handles = _teacher_layer_runs(teacher)
     trained = fit(objective, student, out, steps, activation_checkpointing=True, recompute_teacher=rerun_teacher)
@@ -138,8 +140,6 @@ def test_it_needs_checkpointing_and_reaches_the_commands_and_configs():
     from lrc.commands.distill import DistillArgs
     from lrc.options import parse_args
     from lrc.workflow import config as wc
-    from tests.test_recompute import REPO
-    from tests.test_workflow_config import default_config, rule_shells
 
     with pytest.raises(LRCError, match="recompute-teacher.*activation-checkpointing"):
         TrainArgs(recompute_teacher=True)
@@ -150,7 +150,7 @@ def test_it_needs_checkpointing_and_reaches_the_commands_and_configs():
     config = default_config()
     train_cfg = config["experiments"]["tiny"]["distill"]["train"]
     train_cfg.update(activation_checkpointing=True, recompute_teacher=True)
-    assert wc.config_problems(config, rule_shells(), workdir=REPO) == []
+    assert wc.config_problems(config, rule_shells(), workdir=ROOT) == []
     assert "--recompute-teacher" in wc.cli_flags(train_cfg)
 
 
@@ -159,7 +159,6 @@ def test_fsdp2_two_processes_with_the_teacher_recomputed_follow_one_plain_proces
     """The real launch: FSDP2 gathers each student layer in its pre-backward hook, before the
     recompute that reruns the teacher's layer (replicated, never wrapped) inside it."""
     from lrc.commands.distill import main_distill
-    from tests.test_fsdp import ATOL, RTOL, compare, distill_flags, launch, run
 
     assert main_distill(distill_flags(world, tmp_path / "p1", "core")) == 0
     run(launch("-m", "lrc.cli", "distill",
@@ -201,7 +200,7 @@ def test_backward_recomputes_one_layer_at_a_time():
     for i, layer in enumerate(student.model.layers):
         layer.register_forward_pre_hook(grad_in(i))
     with recompute.micro_batch(student):
-        total, _ = objective.loss(_batch(), model=student)
+        total, _ = objective.loss(masked_batch(), model=student)
         in_backward[0] = True
         total.backward()
     assert events == [e for i in reversed(range(4)) for e in (("teacher", i), ("left", i))], events

@@ -3,12 +3,9 @@ rule hands its command, refusal of a bad config, and an end-to-end run of the wh
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -16,34 +13,9 @@ import pytest
 import yaml
 
 from tests.helpers import command_options
+from tests.workflow_helpers import COPY_IGNORE, ROOT, failure_report, job_counts, shell_commands, snakemake
 
-ROOT = Path(__file__).resolve().parents[1]
 PAPER = sorted((ROOT / "config" / "paper").glob("*.yaml"))
-
-
-def snakemake(*args, cwd=ROOT, timeout=300):
-    cmd = [sys.executable, "-m", "snakemake", *map(str, args)]
-    # The rules run `python -m lrc.cli`: the python of this environment, activated or not.
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-                        "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
-
-
-def job_counts(output: str) -> dict[str, int]:
-    """The 'Job stats' table of a dry run: rule -> number of jobs."""
-    counts = {}
-    table = output.split("Job stats:", 1)[1] if "Job stats:" in output else ""
-    for line in table.splitlines()[3:]:
-        m = re.fullmatch(r"(\w+)\s+(\d+)", line.strip())
-        if not m:
-            break
-        counts[m[1]] = int(m[2])
-    return counts
-
-
-def shell_commands(output: str) -> list[str]:
-    commands = [line.split("Shell command:", 1)[1].strip() for line in output.splitlines() if "Shell command:" in line]
-    return [c for c in commands if c != "None"]  # rule all has none
 
 
 def test_lint_is_clean():
@@ -229,11 +201,6 @@ def test_checkpoint_key_covers_the_student_width():
 
 # ----------------------------------------------------------------------------- end to end
 
-COPY_IGNORE = shutil.ignore_patterns(
-    ".git", ".snakemake", "results", "logs", "benchmarks", "checkpoints", "__pycache__", ".pytest_cache", "*.egg-info",
-    ".venv", "venv"
-)
-
 
 @pytest.mark.slow
 def test_end_to_end_chain_on_the_test_world(tmp_path):
@@ -246,7 +213,7 @@ def test_end_to_end_chain_on_the_test_world(tmp_path):
     exp = "tiny-test"
 
     run = snakemake("--cores", "2", "--configfile", config, cwd=repo, timeout=1200)
-    assert run.returncode == 0, _failure(run, repo)
+    assert run.returncode == 0, failure_report(run, repo)
 
     results = repo / "results"
     table1 = pd.read_csv(results / "table1.csv")
@@ -299,8 +266,3 @@ def test_end_to_end_chain_on_the_test_world(tmp_path):
     assert not (repo / core).exists()  # no partial output
     for stage in ["teacher", "svd", "warmstart/lrc"]:  # earlier results are kept
         assert (results / exp / stage / "settings.json").exists(), stage
-
-
-def _failure(run, repo) -> str:
-    logs = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in sorted((repo / "logs").rglob("*.log")))
-    return f"{run.stdout[-5000:]}\n{run.stderr[-5000:]}\n{logs}"

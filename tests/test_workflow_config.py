@@ -15,27 +15,9 @@ from lrc.cli import COMMANDS
 from lrc.errors import LRCError
 from lrc.options import args_class, convert_value, parse_args
 from lrc.workflow import config as wc
+from tests.workflow_helpers import ROOT, default_config, rule_shells
 
-ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
-
-
-def default_config():
-    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-
-
-def rule_shells() -> dict[str, str]:
-    """Each rule's shell command as written in workflow/rules/*.smk (joined string pieces)."""
-    import re
-
-    shells = {}
-    for path in (ROOT / "workflow" / "rules").glob("*.smk"):
-        for name, body in re.findall(r"^rule (\w+):\n(.*?)(?=^rule |\Z)", path.read_text(),
-                                     flags=re.DOTALL | re.MULTILINE):
-            if "shell:" in body:
-                pieces = re.findall(r'^\s+"(.*)"\s*$', body.split("shell:", 1)[1], flags=re.MULTILINE)
-                shells[name] = "".join(pieces)
-    return shells
 
 
 # ---------------------------------------------------------------- names and schema

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from lrc.training import checkpoint as ckpt
-from tests.test_fsdp import (
+from tests.launch import (
     ENV,
     REPO,
     compare,
@@ -29,8 +29,8 @@ from tests.test_fsdp import (
     killed_and_restarted_equals_uninterrupted,
     losses,
 )
-from tests.test_fsdp import launch as fsdp_launch
-from tests.test_fsdp import run as run_ok
+from tests.launch import launch as fsdp_launch
+from tests.launch import run as run_ok
 
 CONFIG = REPO / "config" / "accelerate" / "cpu2.yaml"
 _port = iter(range(29710, 29790))
@@ -43,7 +43,7 @@ def launch(*args: str) -> list[str]:
 
 def zero_flags(root: Path, out: Path, arm: str, steps: int, *extra: str) -> list[str]:
     flags = distill_flags(root, out, arm, steps, "--shard-optimizer", *extra)
-    # (test_fsdp's flags: the parametrised core; under DDP the default, in the optimiser step)
+    # (tests/launch.py's FSDP flags: the parametrised core; under DDP the default, in the optimiser step)
     if "--core-impl" in flags:
         i = flags.index("--core-impl")
         del flags[i:i + 2]
