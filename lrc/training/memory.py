@@ -328,10 +328,6 @@ def _measure_main(spec_file: str) -> None:
     print(json.dumps(measure_step_rss(StepSpec(**values))))
 
 
-if __name__ == "__main__":
-    _measure_main(sys.argv[1])
-
-
 def proc_status_mib(key: str) -> float | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -359,3 +355,7 @@ def reset_peak_rss() -> float:
 def peak_rss_mib() -> float:
     peak = proc_status_mib("VmHWM")
     return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+if __name__ == "__main__":
+    _measure_main(sys.argv[1])
