@@ -18,6 +18,7 @@ def _write_teacher_config(tmp_path, layers: int = 2) -> None:
     (tmp_path / "teacher.json").write_text(json.dumps(cfg))
 
 
+@pytest.mark.slow
 def test_bench_writes_the_table_with_ratios_to_plain_kd(tmp_path):
     from lrc.commands.bench import main
 
@@ -42,6 +43,7 @@ def test_bench_writes_the_table_with_ratios_to_plain_kd(tmp_path):
     assert json.loads((tmp_path / "bench.csv.settings.json").read_text())["command"] == "bench"
 
 
+@pytest.mark.slow
 def test_bench_without_the_baseline_times_only_the_arms_asked_for(tmp_path):
     from lrc.commands.bench import main
 
@@ -64,6 +66,7 @@ def test_bench_rejects_an_unknown_arm(tmp_path):
         bench(BenchArgs(teacher=tmp_path, student_hidden=8, out=tmp_path / "x.csv", arms=["core:lazy"]))
 
 
+@pytest.mark.slow
 def test_bench_micro_batches_and_the_core_basis_change_in_the_optimiser(tmp_path):
     from lrc.commands.bench import main
 
@@ -85,6 +88,7 @@ def test_bench_micro_batches_and_the_core_basis_change_in_the_optimiser(tmp_path
             and rows["optimizer"]["trainable_params"] == rows["parametrized"]["trainable_params"])
 
 
+@pytest.mark.slow
 def test_bench_with_activation_checkpointing_builds_each_weight_once_per_step(tmp_path):
     from lrc.commands.bench import main
 
@@ -99,6 +103,7 @@ def test_bench_with_activation_checkpointing_builds_each_weight_once_per_step(tm
     assert rows["slice"]["activation_checkpointing"] == "True" and rows["slice"]["loss_impl"] == "reference"
 
 
+@pytest.mark.slow
 def test_bench_with_two_processes_divides_the_basis_changes(tmp_path):
     """--processes 2: a DDP run (torchrun, gloo) per measurement; each process runs half of
     core's 6 basis changes per step, and the step takes twice the sequences."""
@@ -118,6 +123,7 @@ def test_bench_with_two_processes_divides_the_basis_changes(tmp_path):
                 and float(r["step_cpu_max_ms"]) >= float(r["step_cpu_ms"]))
 
 
+@pytest.mark.slow
 def test_interleaved_steps_alternate_the_arms_in_one_process(tmp_path):
     """scripts/interleaved_steps.py: one unmeasured round, then each measured round runs one real
     training step of every arm, in alternating order; each step splits into forward/backward and

@@ -59,6 +59,7 @@ def expected_claim_runs(c: dict) -> set[str]:
     return at_budget | kl | ladder
 
 
+@pytest.mark.slow
 def test_claims_dag_on_the_default_config_distills_exactly_the_claims_runs():
     out = dry_run("results/claims.md")
     c = default_config()["experiments"]["tiny"]["claims"]
@@ -83,6 +84,7 @@ def test_claims_dag_on_the_default_config_distills_exactly_the_claims_runs():
         for s in c["seeds"]}
 
 
+@pytest.mark.slow
 def test_claim_rules_hand_lrc_claims_their_files():
     out = snakemake("-n", "--forceall", "results/claims/coordinates.csv", "results/claims/knockout.csv").stdout
     (coords,) = [c for c in shell_commands(out) if c.startswith("lrc claims coordinates ")]
@@ -94,6 +96,7 @@ def test_claim_rules_hand_lrc_claims_their_files():
             and knock.count("/occupancy/") == 9)
 
 
+@pytest.mark.slow
 def test_quick_default_table1_dag_is_unchanged_by_the_claims_section(tmp_path):
     config = default_config()
     with_claims = jobs_of(dry_run("results/table1.csv"))
@@ -106,6 +109,7 @@ def test_quick_default_table1_dag_is_unchanged_by_the_claims_section(tmp_path):
     assert [o for r, o in with_claims if r == "warmstart"] == ["results/tiny/warmstart/lrc"]
 
 
+@pytest.mark.slow
 def test_vary_warmstart_gives_each_seed_its_own_warm_start(tmp_path):
     config = default_config()
     config["experiments"]["tiny"]["claims"]["vary_warmstart"] = True
@@ -173,6 +177,7 @@ def test_default_claims_section_passes_the_checks():
     assert claims_refusal(lambda x: None) == []
 
 
+@pytest.mark.slow
 def test_workflow_refuses_a_bad_claims_section_before_any_job(tmp_path):
     config = default_config()
     config["experiments"]["tiny"]["claims"]["ladder"] = [100000, 200000, 400000, 800000]
@@ -185,6 +190,7 @@ def test_workflow_refuses_a_bad_claims_section_before_any_job(tmp_path):
     assert not (tmp_path / "results").exists() and not (tmp_path / "logs").exists()
 
 
+@pytest.mark.slow
 def test_claims_target_without_a_claims_section_names_it(tmp_path):
     config = default_config()
     del config["experiments"]["tiny"]["claims"]

@@ -72,6 +72,7 @@ def _worker(rank: int, init: str, arm: str, core_impl: str, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("arm", "core_impl"),
                          [("core", "optimizer"), ("randcomp", "optimizer"), ("core", "optimizer-wy")])
 def test_each_process_holds_its_share_and_the_steps_are_bitwise_unchanged(tmp_path, arm, core_impl):
@@ -129,6 +130,7 @@ def _sharded_worker(rank: int, init: str, arm: str, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arm", ["dense", "core"])
 def test_sharded_states_are_divided_and_change_nothing(tmp_path, arm):
     results = mp.Manager().dict()

@@ -132,6 +132,7 @@ def test_heldout_perplexity_matches_the_models_own_loss():
     assert part["perplexity"] == pytest.approx(torch.exp(torch.tensor(loss5)).item(), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_paper_suite_builds_the_right_lm_eval_call(tmp_path):
     args = EvaluateArgs(model=str(tmp_path), out=tmp_path / "e.json", suite="paper", batch_size=32, limit=100)
     tasks = selected_tasks(load_suite("paper"), None)
@@ -180,6 +181,7 @@ def test_moved_world_tasks_are_repointed(world, tmp_path):
         prepare_include_dir(moved, ["world_pairs"], tmp_path / "include2")
 
 
+@pytest.mark.slow
 def test_paper_suite_without_network_names_the_task(checkpoint, tmp_path, monkeypatch):
     import datasets
     import huggingface_hub

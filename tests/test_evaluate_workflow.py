@@ -25,6 +25,7 @@ def dry_run(tmp_path, evaluate: dict) -> list[str]:
     return shell_commands(result.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("evaluate",
                          [{"suite": "local"}, {"suite": "none"}, {"suite": "local", "tasks_dir": "my/tasks"}],
                          ids=["local-built", "none", "local-own"])

@@ -40,6 +40,7 @@ from tests.launch import (
 from tests.training_runs import run_training
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arm", ARMS)
 def test_fsdp2_two_processes_follow_one_process(world, tmp_path, arm):
     from lrc.commands.distill import main_distill
@@ -73,6 +74,7 @@ def test_fsdp2_two_processes_follow_one_process(world, tmp_path, arm):
 
 
 # Once, on the tied Llama: the sharded tie is the delicate part.
+@pytest.mark.slow
 @pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
 def test_fsdp2_killed_and_restarted_equals_uninterrupted(world, tmp_path):
     steps = 40
@@ -86,6 +88,7 @@ def test_fsdp2_killed_and_restarted_equals_uninterrupted(world, tmp_path):
     assert all(torch.equal(a[n], c[n]) for n in a)
 
 
+@pytest.mark.slow
 def test_fsdp2_shards_the_student_parameters_and_replicates_teacher_and_buffers(world, tmp_path):
     """Trainable parameters: DTensors sharded on dim 0 across the 2 ranks. Student buffers (core's
     bases and reflectors; the teacher weights the parametrisations read are the objective
@@ -110,6 +113,7 @@ def test_fsdp2_shards_the_student_parameters_and_replicates_teacher_and_buffers(
             assert any(n.endswith("bias") and not p["requires_grad"] for n, p in seen["params"].items())
 
 
+@pytest.mark.slow
 def test_fsdp2_plain_lm_follows_one_process(tmp_path):
     """A plain Llama on the LM objective, as `lrc pretrain`/`lrc sft` train it (no LRC
     parametrisation: accelerate's own wrapping), equal to 1 process."""

@@ -16,6 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_mode_on_the_cpu(tmp_path):
     env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
                         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -42,6 +43,7 @@ def test_gpu_check_dry_mode_on_the_cpu(tmp_path):
     assert "stage" in proc.stdout and "wrote" in proc.stdout  # the table
 
 
+@pytest.mark.slow
 def test_gpu_check_builds_its_venv_from_a_venv_python_offline(tmp_path):
     """The wrapper's own venv (a fresh clone of HEAD) made from a python that is itself a venv's,
     as the GPU image's python3 is, with no package index: the parent venv's torch stays

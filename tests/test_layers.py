@@ -114,6 +114,7 @@ def test_evaluation_does_not_import_the_tiny_world():
 ARM_MODULES = ("lrc.cli", "lrc.method.student", "lrc.method.reach", "lrc.method.clone", "lrc.method.spectral")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "module, forbidden",
     [

@@ -52,6 +52,7 @@ def _measured(spec_values: dict, tmp_path: Path) -> int:
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arm,checkpointed,micro_batches",
                          [("slice", False, 1), ("dense", False, 1), ("slice", True, 1), ("dense", False, 3)])
 def test_traced_peak_matches_the_measured_peak_of_a_real_step(arm, checkpointed, micro_batches, small_config, tmp_path):
@@ -70,6 +71,7 @@ def test_traced_peak_matches_the_measured_peak_of_a_real_step(arm, checkpointed,
     assert predicted["parts"]["loss_workspace"] > 0 and predicted["parts"]["optimizer"] > 0
 
 
+@pytest.mark.slow
 def test_accumulated_micro_batches_hold_the_gradients_through_the_next_forward(small_config):
     """From the second micro-batch of a step on, every fp32 gradient is alive while the next
     forward runs: with accumulation the peak is one step's plus the gradients (dense, whose
@@ -87,6 +89,7 @@ def _planner(config: Path, memory_gib: float) -> Planner:
     return Planner(args, resolve(args), "slice")
 
 
+@pytest.mark.slow
 def test_the_search_finds_the_largest_micro_batch_that_fits(small_config):
     peaks = [_planner(small_config, 1.0).at(m)["peak"] for m in (1, 2, 3, 4, 5, 6)]
     assert all(b > a for a, b in zip(peaks, peaks[1:])), peaks

@@ -33,6 +33,7 @@ def teacher(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_import_records_the_gguf_and_saves_a_plain_teacher(teacher):
     from lrc.io.hf import load_teacher, load_tokenizer
 
@@ -49,6 +50,7 @@ def test_import_records_the_gguf_and_saves_a_plain_teacher(teacher):
         assert tok.decode(model(ids).logits[0, -1].argmax()).strip() == "Paris"
 
 
+@pytest.mark.slow
 def test_chain_every_arm_merges_verified(teacher, tmp_path):
     data, bases, warm = tmp_path / "data", tmp_path / "svd", tmp_path / "warm"
     assert lrc(["tokenize", "--tokenizer", str(teacher), "--source", "python-stdlib-docs", "--seq-len", "32",

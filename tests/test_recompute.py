@@ -103,6 +103,7 @@ def test_under_bf16_autocast_too():
     assert counts.bodies == 2 * len(student.model.layers)
 
 
+@pytest.mark.slow
 def test_checkpointing_keeps_less_alive_in_the_traced_step():
     """At the peak, the activations of a checkpointed step are those of the layers' inputs, the
     clone terms' one tensor each and the built weights: less than every layer's saved tensors."""

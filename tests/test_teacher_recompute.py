@@ -100,6 +100,7 @@ def _clone_widths(cfg, r: int) -> int:
     return q + 2 * kv + cfg.hidden_size + 2 * cfg.intermediate_size + r  # q, k, v, attn_out, gate, up, mlp_out
 
 
+@pytest.mark.slow
 def test_the_traced_step_keeps_one_teacher_input_per_layer_instead_of_the_terms():
     cfg = make_teacher("llama-tied", vocab_size=4000).config
     cfg.num_hidden_layers = 4
@@ -154,6 +155,7 @@ def test_it_needs_checkpointing_and_reaches_the_commands_and_configs():
     assert "--recompute-teacher" in wc.cli_flags(train_cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
 def test_fsdp2_two_processes_with_the_teacher_recomputed_follow_one_plain_process(world, tmp_path):
     """The real launch: FSDP2 gathers each student layer in its pre-backward hook, before the

@@ -239,6 +239,7 @@ def _slowest_process_worker(rank: int, port: int, ckpt_dir: str) -> None:
     acc.end_training()
 
 
+@pytest.mark.slow
 def test_the_slowest_process_optimiser_time_is_logged_beside_process_0s(tmp_path):
     """Under DDP the metrics line has process 0's times and, as *_max, the slowest process's."""
     import socket

@@ -18,12 +18,14 @@ from tests.workflow_helpers import COPY_IGNORE, ROOT, failure_report, job_counts
 PAPER = sorted((ROOT / "config" / "paper").glob("*.yaml"))
 
 
+@pytest.mark.slow
 def test_lint_is_clean():
     result = snakemake("--lint")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_default_dry_run_builds_the_tiny_chain():
     result = snakemake("-n", "--forceall", "results/table1.csv")
     assert result.returncode == 0, result.stderr
@@ -32,6 +34,7 @@ def test_default_dry_run_builds_the_tiny_chain():
     assert counts["world"] == 1 and counts["pretrain"] == 1 and "download" not in counts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", PAPER, ids=lambda p: p.stem)
 def test_paper_config_builds_its_dag(config):
     result = snakemake("-n", "--forceall", "--configfile", config)
@@ -47,6 +50,7 @@ def test_paper_config_builds_its_dag(config):
     assert ("controls" in counts) == bool({"confined", "randcomp"} & set(d["arms"]))
 
 
+@pytest.mark.slow
 def test_slurm_profile_dry_run_shows_the_sbatch_resources():
     config = ROOT / "config" / "paper" / "llama3.2-3b.yaml"
     result = snakemake("--profile", "profiles/slurm", "-n", "--forceall", "results/table1.csv", "--configfile", config)
@@ -59,6 +63,7 @@ def test_slurm_profile_dry_run_shows_the_sbatch_resources():
     assert evaluate and all(re.search(r"resources: .*gpu=1", b) for b in evaluate)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", [ROOT / "config" / "config.yaml", *PAPER], ids=lambda p: p.stem)
 def test_every_rule_hands_its_command_options_it_has(config):
     """Each `lrc <command>` line of a dry run uses only options that command accepts."""
@@ -89,6 +94,7 @@ def test_bad_config_is_refused_before_any_job_with_the_key(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_dry_runs_do_not_depend_on_results_in_the_checkout(tmp_path):
     """The tests above count jobs with --forceall: a finished Quick start in the checkout
     (results/ present, nothing to do) leaves the counts unchanged."""
@@ -150,6 +156,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key, edit, reason", REFUSED, ids=[k for k, *_ in REFUSED])
 def test_bad_flag_section_is_refused_before_any_job_naming_the_key(tmp_path, key, edit, reason):
     message = refused(tmp_path, edit)
@@ -157,6 +164,7 @@ def test_bad_flag_section_is_refused_before_any_job_naming_the_key(tmp_path, key
     assert not (tmp_path / "PWNED").exists() and not (ROOT / "PWNED").exists()
 
 
+@pytest.mark.slow
 def test_accelerate_config_is_quoted_in_the_command(tmp_path):
     crafted = tmp_path / "acc; touch PWNED $(id).yaml"
     crafted.write_text("{}")
@@ -178,6 +186,7 @@ def test_yaml_syntax_error_in_the_default_config_names_file_and_line(tmp_path):
         result.stdout + result.stderr)
 
 
+@pytest.mark.slow
 def test_checkpoint_key_covers_the_student_width():
     """Every setting a training rule passes (beyond paths and the wildcards in the output path)
     reaches ckpt_dir's key: a changed student.hidden_size gives the warm start a new key."""

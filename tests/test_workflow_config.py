@@ -97,6 +97,7 @@ def test_wrong_config_file_values_are_errors_naming_file_and_key(tmp_path, line,
     assert f"config file {config}: {key}: {reason}" in str(err.value)
 
 
+@pytest.mark.slow
 def test_a_wrong_config_file_value_exits_2_through_the_command_line(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("tokens: 2048.7\n")

@@ -50,6 +50,7 @@ def zero_flags(root: Path, out: Path, arm: str, steps: int, *extra: str) -> list
     return flags
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
 @pytest.mark.parametrize("arm", ["dense", "core"])
 def test_sharded_states_two_processes_follow_one_process(world, tmp_path, arm):
@@ -78,6 +79,7 @@ def test_sharded_states_two_processes_follow_one_process(world, tmp_path, arm):
     assert sorted(saved["state"]) == list(range(params))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
 def test_sharded_states_killed_and_restarted_equals_uninterrupted(world, tmp_path):
     steps = 40
@@ -86,6 +88,7 @@ def test_sharded_states_killed_and_restarted_equals_uninterrupted(world, tmp_pat
     killed_and_restarted_equals_uninterrupted(cmd, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
 def test_sharded_states_are_refused_under_fsdp(world, tmp_path):
     out = subprocess.run(fsdp_launch("-m", "lrc.cli", "distill",
