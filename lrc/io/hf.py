@@ -13,6 +13,10 @@ safety defaults and the error messages are the same everywhere:
 * Bad files become :class:`~lrc.errors.LRCError` naming the file: a ``config.json`` that is
   not JSON, a truncated or corrupt safetensors file (its header and size are checked
   before anything is loaded, which costs one header read per file), a missing directory.
+* No weight is made up (:mod:`lrc.io.checks`): a llama/qwen2 config must state its sizes, every
+  tensor the model needs must be in the files at its shape (a missing one would be randomly
+  initialised), every stored tensor floating point (from the headers, before loading) and every
+  loaded one finite (one ``isfinite`` pass per tensor); each refusal names the file and the key.
 * Where the teacher is frozen: :func:`freeze_teacher` is the one implementation, called
   where a model *becomes* a teacher: :func:`lrc.method.student.build_student` (the LRC student's
   parametrisations read the teacher's own weight tensors, so the teacher must never train once a
@@ -34,6 +38,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from lrc.errors import LRCError
+from lrc.io.checks import check_config, check_finite, check_float_dtypes, check_loading_info, read_headers
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
@@ -69,7 +74,10 @@ def read_config(directory: str | os.PathLike, role: str = "model") -> dict:
     file = d / CONFIG_FILE
     if not file.is_file():
         raise LRCError(f"{role} {d} has no {CONFIG_FILE}")
-    return read_json_object(file, f"{role} config")
+    config = read_json_object(file, f"{role} config")
+    if config.get("model_type") in SUPPORTED_MODEL_TYPES:
+        check_config(config, file)
+    return config
 
 
 def read_json_object(file: Path, what: str) -> dict:
@@ -135,11 +143,17 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype, role: str = "
     read_config(d, role)
     files = weight_files(d, role, allow_pickle=allow_pickle)
     pickled = files[0].suffix != ".safetensors"
+    headers = read_headers(files)
+    check_float_dtypes(headers, role)
     try:
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, trust_remote_code=False,
-                                                     use_safetensors=not pickled)
+        # Mismatched shapes are reported (and refused below) rather than raised without naming the tensor.
+        model, info = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, trust_remote_code=False,
+                                                           use_safetensors=not pickled, output_loading_info=True,
+                                                           ignore_mismatched_sizes=True)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
         raise LRCError(f"cannot load {role} {d}: {type(err).__name__}: {err}") from err
+    check_loading_info(info, d, role, headers)
+    check_finite(model.state_dict().items(), headers, role, d)
     return model.eval()
 
 
@@ -195,6 +209,8 @@ def load_model_config(path: Path):
     model_type = data.pop("model_type", None)
     if not model_type:
         raise LRCError(f"--model-config {path}: no model_type (e.g. \"llama\")")
+    if model_type in SUPPORTED_MODEL_TYPES:
+        check_config(data, path)
     try:
         return AutoConfig.for_model(model_type, **data)
     except ValueError as err:

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from lrc.errors import LRCError
+from lrc.io.checks import check_config
 from lrc.io.hf import (
     SUPPORTED_MODEL_TYPES,
     read_json_object,
@@ -29,10 +30,7 @@ def read_teacher_config(path: str | Path) -> dict:
     if cfg.get("model_type") not in SUPPORTED_MODEL_TYPES:
         raise LRCError(f"unsupported teacher model_type {cfg.get('model_type')!r} in {file}; supported: "
                        f"{', '.join(SUPPORTED_MODEL_TYPES)}")
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
-        if key not in cfg:
-            raise LRCError(f"teacher config {file} lacks {key!r}")
-    return cfg
+    return check_config(cfg, file)
 
 
 def reachability_table(cfg: dict, r: int) -> list[dict]:

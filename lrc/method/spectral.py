@@ -57,6 +57,7 @@ from safetensors.torch import load_file, save_file
 
 from lrc.errors import LRCError
 from lrc.io.atomic import atomic_file, write_json_atomic
+from lrc.io.checks import check_finite, check_float_dtypes, check_orthonormal, read_headers
 from lrc.io.hf import check_safetensors, read_json_object
 from lrc.names import MLP_KINDS
 
@@ -283,20 +284,47 @@ def _read_bases_meta(path: Path) -> dict:
     return read_json_object(path, "teacher bases metadata")
 
 
+def _check_bases_tensors(tensors: dict, U: dict, S: dict, path: Path, meta: dict) -> None:
+    """Every layer's U and S, at one shape ([d_ff, H] and [H], embed [H, H] and [H]), finite, U and
+    embed.V orthonormal (:func:`lrc.io.checks.check_orthonormal`); each refusal names the file and matrix."""
+    layers = meta.get("num_hidden_layers")
+    want = {f"{i}.{kind}" for i in range(layers) for kind in MLP_KINDS} if isinstance(layers, int) else set(U)
+    for what, have in (("U", U), ("S", S)):
+        if set(have) != want:
+            odd = sorted(f"layers.{k}.{what}" for k in set(have) ^ want)
+            raise LRCError(f"teacher bases file {path}: missing or unexpected bases {odd[:5]} "
+                           f"(for {len(want) // len(MLP_KINDS)} layers)")
+    H = tensors["embed.V"].shape[-1]
+    d_ff = meta.get("intermediate_size") or U[min(U)].shape[0]
+    shapes = {f"layers.{k}.U": (d_ff, H) for k in U} | {f"layers.{k}.S": (H,) for k in S}
+    shapes |= {"embed.V": (meta.get("hidden_size") or H, H), "embed.S": (H,)}
+    for name, shape in shapes.items():
+        if tuple(tensors[name].shape) != shape:
+            raise LRCError(f"teacher bases file {path}: {name} has shape {list(tensors[name].shape)}, "
+                           f"expected {list(shape)}")
+    check_finite(tensors.items(), {}, "teacher bases", path)
+    for name in [f"layers.{k}.U" for k in sorted(U)] + ["embed.V"]:
+        check_orthonormal(tensors[name], name, path)
+
+
 def load_bases(directory: str | Path, teacher=None) -> TeacherBases:
     """The bases saved in ``directory``; checked against ``teacher`` (shapes and
-    fingerprint) when it is given. Truncated or corrupt files are LRCErrors naming them."""
+    fingerprint) when it is given. Truncated or corrupt files are LRCErrors naming them, and so are
+    tensors not floating point, missing, misshapen, not finite or not orthonormal (:mod:`lrc.io.checks`)."""
     d = Path(directory)
     path = d / BASES_FILE
     if not path.is_file():
         raise LRCError(f"no teacher bases in {d} (missing {BASES_FILE}; run `lrc svd`)")
-    tensors = load_file(str(check_safetensors(path, "teacher bases")))
+    headers = read_headers([check_safetensors(path, "teacher bases")])
+    check_float_dtypes(headers, "teacher bases")
+    tensors = load_file(str(path))
     meta = _read_bases_meta(d / BASES_META)
     U = {k[len("layers."):-len(".U")]: v for k, v in tensors.items() if k.startswith("layers.") and k.endswith(".U")}
     S = {k[len("layers."):-len(".S")]: v for k, v in tensors.items() if k.startswith("layers.") and k.endswith(".S")}
     missing = [k for k in ("embed.V", "embed.S") if k not in tensors]
     if missing or not U:
         raise LRCError(f"teacher bases file {path} lacks {missing or 'the layer bases'}: not written by `lrc svd`")
+    _check_bases_tensors(tensors, U, S, path, meta)
     bases = TeacherBases(U=U, S=S, embed_V=tensors["embed.V"], embed_S=tensors["embed.S"], meta=meta,
                          source=f"teacher bases {path}")
     if teacher is not None:

@@ -45,7 +45,8 @@ seed and the caller's metadata); no teacher weight is ever written. For core/ran
 (``mlp.*_proj.weight``, what the run trained and merges bitwise), ``parametrized`` states
 (and states without the key, written before it existed) hold ``[A; C]``
 (``mlp.*_proj.parametrizations.weight.original``); :func:`load_lrc_state` rebuilds the one
-recorded.
+recorded, and refuses (:mod:`lrc.io.checks`) a stored tensor that is not floating point, not the
+rebuilt student's, of another shape, missing, or not finite.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from transformers.initialization import no_init_weights
 
 from lrc.errors import LRCError
 from lrc.io.atomic import atomic_file, write_text_atomic
+from lrc.io.checks import check_against, check_finite, check_float_dtypes, read_headers
 from lrc.io.hf import (
     SUPPORTED_MODEL_TYPES,
     check_safetensors,
@@ -298,6 +300,8 @@ def load_lrc_state(state_dir: str | Path, teacher, bases=None):
     if not path.is_file():
         raise LRCError(f"{state_dir} has no {STATE_FILE}")
     check_safetensors(path, "LRC student state")
+    headers = read_headers([path])
+    check_float_dtypes(headers, "LRC student state")
     student = build_student(teacher, info["student_hidden"], init="normal", seed=info.get("seed", 0),
                             norm_eps=info["norm_eps"])
     # States written before the optimiser-step basis change hold core/randcomp's [A; C].
@@ -306,9 +310,13 @@ def load_lrc_state(state_dir: str | Path, teacher, bases=None):
     for key in ("init", "init_std", "seed"):
         if key in info:
             student.lrc_info[key] = info[key]
+    state = student.state_dict()
+    check_against(state, headers, f"LRC student state ({arm} student)")
     missing, unexpected = load_model(student, str(path), strict=False,
                                      device=str(teacher.model.embed_tokens.weight.device))
     if missing or unexpected:
         raise LRCError(f"{path} does not match the {arm} student: missing {sorted(missing)[:5]}, unexpected "
                        f"{sorted(unexpected)[:5]}")
+    state = student.state_dict()
+    check_finite(((name, state[name]) for name in headers), headers, "LRC student state", path)
     return student.eval()
