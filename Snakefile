@@ -10,15 +10,16 @@ from lrc.workflow.config import yaml_syntax_problem
 min_version("9.0")
 
 
+# A config file's YAML error, a key given twice (YAML keeps the last silently) or non-UTF-8 text,
+# named with its file and line (Snakemake's own message names neither; it reads a --configfile
+# before this file runs, so only a key given twice reaches here from one).
+for config_file in workflow.overwrite_configfiles or ["config/config.yaml"]:
+    if problem := yaml_syntax_problem(config_file):
+        raise WorkflowError(problem)
+
 # --configfile replaces the built-in tiny world instead of being merged into it, so a paper
 # config never inherits stray tiny-world settings; --config key=value still overrides either.
 if not workflow.overwrite_configfiles:
-
-    # A YAML syntax error named with its file and line (Snakemake's own message names neither;
-    # a --configfile, though, is read by Snakemake before this file runs).
-    if problem := yaml_syntax_problem("config/config.yaml"):
-        raise WorkflowError(problem)
-
     configfile: "config/config.yaml"
 
 

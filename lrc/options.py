@@ -132,11 +132,47 @@ def _item_type(item: Any) -> Any:
     return item
 
 
-def _load_config_file(path: Path, fields: dict[str, dataclasses.Field], hints: dict[str, Any]) -> dict[str, Any]:
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` merges are meant to be overridden
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice in one mapping (first on line {seen[key] + 1}); "
+                                "YAML would keep only the last", key_node.start_mark)
+            if isinstance(key, typing.Hashable):
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: str | os.PathLike, what: str = "config file") -> Any:
+    """The data of a YAML file, read as UTF-8; an LRCError naming ``what`` and the file (and the line)
+    for an unreadable file, text that is not UTF-8, a YAML error or a key given twice in one mapping."""
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise LRCError(f"cannot read config file {path}: {err}") from err
+        raw = Path(path).read_bytes()
+    except OSError as err:
+        raise LRCError(f"cannot read {what} {path}: {err}") from err
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise LRCError(f"invalid {what} {path}, line {line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); "
+                       "save it as UTF-8") from err
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+        raise LRCError(f"invalid {what} {where}: {getattr(err, 'problem', None) or err}") from err
+
+
+def _load_config_file(path: Path, fields: dict[str, dataclasses.Field], hints: dict[str, Any]) -> dict[str, Any]:
+    data = read_yaml(path) or {}
     if not isinstance(data, dict):
         raise LRCError(f"config file {path} must hold a mapping of option names to values")
     out = {}

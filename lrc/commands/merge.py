@@ -134,6 +134,13 @@ class MergeArgs:
     allow_pickle: bool = field(default=False, metadata={
         "help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.atol < float("inf"):
+            raise LRCError(f"--atol must be >= 0, got {self.atol}")
+        if self.check_rows < 1 or self.check_len < 2:
+            raise LRCError(f"--check-rows {self.check_rows} / --check-len {self.check_len}: "
+                           "need at least 1 row of 2 tokens")
+
 
 def check_batch_from_tokens(directory: Path, rows: int, length: int) -> torch.Tensor:
     ds = TokenDataset(directory)

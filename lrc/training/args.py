@@ -8,6 +8,7 @@ that the loop module stays within the module size limit; ``lrc.training.loop`` i
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -86,6 +87,17 @@ class TrainArgs:
         for name in ("batch_size", "micro_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise LRCError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size % self.micro_batch_size:
+            raise LRCError(f"--batch-size {self.batch_size} must be a multiple of --micro-batch-size "
+                           f"{self.micro_batch_size} (times the number of processes: gradient accumulation)")
+        if not 0 < self.lr < math.inf:
+            raise LRCError(f"--lr must be a positive number, got {self.lr}")
+        if not 0 <= self.grad_clip < math.inf:
+            raise LRCError(f"--grad-clip must be >= 0 (0: no clipping), got {self.grad_clip}")
+        if not 0 <= self.weight_decay < math.inf:
+            raise LRCError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        if not 0 < self.eps < math.inf:
+            raise LRCError(f"--eps must be a positive number, got {self.eps}")
         check_choice("--schedule", self.schedule, SCHEDULES)
         check_choice("--precision", self.precision, PRECISIONS)
         check_choice("--keep-checkpoints", self.keep_checkpoints, ckpt.RETENTIONS)
@@ -99,6 +111,8 @@ class TrainArgs:
         if len(self.betas) != 2:
             raise LRCError(f"--betas takes two values, got {self.betas}")
         self.betas = [float(b) for b in self.betas]
+        if not all(0 <= b < 1 for b in self.betas):
+            raise LRCError(f"--betas must lie in [0, 1), got {self.betas}")
         if self.ckpt_dir is not None:
             self.ckpt_dir = Path(self.ckpt_dir)
 

@@ -15,7 +15,10 @@ checks, per experiment and per job the config asks for:
 * the student width against the teacher's, where the teacher's config is known before any job
   runs (the tiny world's sizes; a hub teacher's downloaded ``config.json`` or
   ``config/teachers/<experiment>.json``);
-* ``resources.<stage>.accelerate`` names an existing file.
+* ``resources.<stage>.accelerate`` names an existing file;
+* values that only a job would refuse otherwise (:mod:`lrc.workflow.value_checks`): the student
+  width against the teacher's heads, ``seq_len`` against its positions, batch sizes against the
+  GPUs, budgets that buy no step, record fields and the document separator, where knowable.
 
 It imports no Snakemake and nothing heavy at import time (commands are imported to find their
 dataclasses when a check runs). The checks against the commands' dataclasses, and the width
@@ -34,8 +37,10 @@ from typing import Any
 
 from lrc.errors import LRCError
 from lrc.names import parse_run_name, run_name
+from lrc.options import read_yaml
 from lrc.workflow.claims import all_claim_runs, claims_problems
 from lrc.workflow.option_checks import build_problem, command_args_class, name_positionals, width_problems
+from lrc.workflow.value_checks import value_problems
 
 # The flag sections of each rule (rule name = `lrc` command name), in the order they are
 # appended to its command line; "loss" stands for loss.<the job's recipe>.
@@ -169,19 +174,15 @@ def schema_problems(config: dict, schema_file: Path | str) -> list[str]:
 
 
 def yaml_syntax_problem(path: Path | str) -> str | None:
-    """A YAML syntax error of a config file, with the file, line and column; None if it reads."""
-    import yaml
-
+    """A config file's YAML error, a key given twice in one mapping (YAML keeps the last silently) or
+    text that is not UTF-8, naming the file and line (:func:`lrc.options.read_yaml`, the reader of an
+    `lrc --config` file too); None if it reads, or if the file is missing (Snakemake's message says so)."""
+    if not Path(path).is_file():
+        return None
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError:
-        return None  # a missing file: Snakemake's own message says so
-    try:
-        yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
-        return f"invalid config file {where}: {getattr(err, 'problem', None) or err}"
+        read_yaml(path)
+    except LRCError as err:
+        return str(err)
     return None
 
 
@@ -315,6 +316,8 @@ def config_problems(
             if problem and problem not in problems:
                 problems.append(problem)
         problems += claims_problems(exp, settings) + width_problems(exp, settings, classes, workdir)
+        budgets = sorted({int(j.wildcards["tokens"]) for j in jobs(settings) if j.rule == "distill"})
+        problems += [p for p in value_problems(exp, settings, classes, workdir, budgets) if p not in problems]
         problems += _accelerate_problems(exp, settings, [workdir] + ([repo] if repo is not None else []))
     return set_by_rule + problems
 
