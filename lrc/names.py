@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import re
 
-# METHOD.md §3: plain LRC, the two full-reach arms, then the two controls.
-ARMS = ("slice", "dense", "core", "confined", "randcomp")
+# docs/method.md §3: plain LRC, the two full-reach arms, then the controls: `coreortho` is CORE's
+# other reading (orthonormal coordinates), `confined` and `randcomp` the subspace and basis controls.
+ARMS = ("slice", "dense", "core", "coreortho", "confined", "randcomp")
 MAIN_ARMS = ("slice", "dense", "core")
-CONTROL_ARMS = ("confined", "randcomp")
+CONTROL_ARMS = ("coreortho", "confined", "randcomp")
 # The arms whose deployed MLP matrices train everywhere (the others stay in the teacher's slice).
-FULL_REACH_ARMS = ("dense", "core", "randcomp")
+FULL_REACH_ARMS = ("dense", "core", "coreortho", "randcomp")
 # The claims of METHOD.md §4, in its order (`lrc claims`; the workflow's rules claim_<claim>).
 CLAIMS = ("table1", "controls", "cross_recipe", "saturation", "knockout", "sft", "coordinates")
 RECIPES = ("lrc", "kl")

@@ -149,7 +149,7 @@ BAD_CLAIMS = [
     ("ladder_repeat", lambda x: x["claims"].update(ladder=[100000, 100000, 400000, 1600000]),
      "at experiments.tiny.claims.ladder: [100000, 100000, 400000, 1600000] has non-unique elements"),
     ("full_arm", lambda x: x["claims"].update(full_arm="slice"),
-     "at experiments.tiny.claims.full_arm: 'slice' is not one of ['dense', 'core', 'randcomp']"),
+     "at experiments.tiny.claims.full_arm: 'slice' is not one of ['dense', 'core', 'coreortho', 'randcomp']"),
     ("one_seed", lambda x: x["claims"].update(seeds=[0]), "at experiments.tiny.claims.seeds: [0] is too short"),
     ("seed_repeat", lambda x: x["claims"].update(seeds=[0, 0, 1]),
      "at experiments.tiny.claims.seeds: [0, 0, 1] has non-unique elements"),

@@ -1,4 +1,4 @@
-"""The optimiser-step basis change of `core`/`randcomp` (lrc.training.optim, ``core_impl="optimizer"``).
+"""The optimiser-step basis change of `core`/`coreortho`/`randcomp` (lrc.training.optim, ``core_impl="optimizer"``).
 
 It must be today's parametrised arm, trained at dense forward cost: the same loss curve and
 deployed weights over 50 AdamW steps (fp32, <= 1e-5 relative), the same merge, and a
@@ -40,8 +40,8 @@ def student_of(teacher, bases, arm, core_impl):
 
 
 @pytest.mark.parametrize("core_impl", ["optimizer", "optimizer-wy"])
-@pytest.mark.parametrize("arm", ["core", "randcomp"])
-def test_the_map_is_orthogonal_and_its_adjoint_is_autograds_gradient(arm, core_impl):
+def test_the_orthonormal_map_is_orthogonal_and_its_adjoint_is_autograds_gradient(core_impl):
+    arm = "coreortho"
     teacher = make_teacher("llama-untied")
     student = student_of(teacher, compute_bases(teacher), arm, core_impl)
     for kind in ("gate", "down"):
@@ -60,8 +60,12 @@ def test_the_map_is_orthogonal_and_its_adjoint_is_autograds_gradient(arm, core_i
 class Identity:
     """The identity coordinate map: CoordinateAdamW with it is plain AdamW."""
 
+    orthogonal = True
+
     def coordinates(self, t):
         return t.clone()
+
+    inverse = coordinates
 
     def __call__(self, q):
         return q
@@ -82,12 +86,13 @@ def test_identity_coordinates_are_plain_adamw_bitwise():
     assert torch.equal(plain.state[a]["exp_avg_sq"], mapped.state[b]["exp_avg_sq"])
 
 
-def run(tmp, arm, core_impl, *, steps=50, micro=4, ckpt_dir=None, checkpoint_every=0, keep_checkpoints="final"):
+def run(tmp, arm, core_impl, *, steps=50, micro=4, ckpt_dir=None, checkpoint_every=0, keep_checkpoints="final",
+        grad_clip=0.5):
     teacher = make_teacher("qwen2-untied")
     student = student_of(teacher, compute_bases(teacher), arm, core_impl)
     objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
     args = TrainArgs(tokens=steps * 4 * SEQ, batch_size=4, micro_batch_size=micro, lr=3e-3, warmup=0.1,
-                     weight_decay=0.1, grad_clip=0.5, log_every=1, checkpoint_every=checkpoint_every, threads=1,
+                     weight_decay=0.1, grad_clip=grad_clip, log_every=1, checkpoint_every=checkpoint_every, threads=1,
                      progress=False, ckpt_dir=ckpt_dir or tmp / f"{arm}-{core_impl}.ckpt",
                      keep_checkpoints=keep_checkpoints)
     summary = train(objective, student, RandomTokens(rows=40), args, tmp / "out")
@@ -100,16 +105,18 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-@pytest.mark.parametrize("arm", ["core", "randcomp"])
+@pytest.mark.parametrize("arm", ["core", "coreortho", "randcomp"])
 def test_optimizer_step_basis_change_equals_the_parametrised_arm_over_50_steps(arm, tmp_path):
     # One micro-batch per step: with accumulation, the parametrised arm sums rotated
     # micro-batch gradients and this one rotates their sum, a float reassociation; the
     # parametrised arm itself moves by ~3e-4 (relative) over these 50 steps when only its
     # micro-batch split changes (2 vs 4), so only an unaccumulated step can show 1e-5.
-    ref, teacher, ref_log = run(tmp_path, arm, "parametrized")
-    new, _, new_log = run(tmp_path, arm, "optimizer")
+    # grad_clip 0.085: the gradient norm is 0.07-0.11 here, so about half the steps are clipped
+    ref, teacher, ref_log = run(tmp_path, arm, "parametrized", grad_clip=0.085)
+    new, _, new_log = run(tmp_path, arm, "optimizer", grad_clip=0.085)
     assert isinstance(CoordinateAdamW, type) and coordinate_maps(new) and not coordinate_maps(ref)
     assert len(ref_log) == len(new_log) == 50
+    assert sum(r["grad_norm"] > 0.085 for r in ref_log) >= 5  # clipping acts on some steps
     for key in ("loss", "grad_norm", "ce", "gate"):
         a, b = torch.tensor([r[key] for r in new_log]), torch.tensor([r[key] for r in ref_log])
         assert ((a - b).abs() / b.abs()).max().item() <= 1e-5, key
@@ -178,8 +185,8 @@ def test_a_parametrised_state_still_loads_as_parametrised(tmp_path, token_batch)
 def test_the_compact_wy_products_follow_the_same_trajectory(tmp_path):
     # Other rounding than ormqr: ~1e-4 apart after 50 steps here, inside the reference's own
     # ~3e-4 when only its micro-batch split changes; the loss curve stays within 1e-5.
-    ref, _, ref_log = run(tmp_path, "core", "parametrized")
-    new, _, new_log = run(tmp_path, "core", "optimizer-wy")
+    ref, _, ref_log = run(tmp_path, "coreortho", "parametrized")
+    new, _, new_log = run(tmp_path, "coreortho", "optimizer-wy")
     assert new.model.layers[0].mlp.up_proj.optimizer_coordinates.wy_t is not None
     a, b = torch.tensor([r["loss"] for r in new_log]), torch.tensor([r["loss"] for r in ref_log])
     assert ((a - b).abs() / b.abs()).max().item() <= 1e-5

@@ -60,7 +60,8 @@ def test_the_student_holds_no_copy_of_a_teacher_weight(kind, arm, dtype):
     # What the parametrisations read is the teacher's own Parameter, in the teacher's dtype.
     reads = [m.frozen for m in _parametrisations(student) if hasattr(m, "teacher_tensor")]
     assert reads and all(any(t is w for w in matrices) and t.dtype == dtype for t in reads)
-    n_mlp = 0 if arm == "slice" else 3 * teacher.config.num_hidden_layers
+    # (randcomp, parametrised here, is a complement path T·F + U_perp·C: it reads the MLP's T too)
+    n_mlp = 0 if arm in ("slice", "randcomp") else 3 * teacher.config.num_hidden_layers
     assert len(reads) == 7 * teacher.config.num_hidden_layers + 2 - n_mlp  # q k v o gate up down, embedding, head
 
 

@@ -37,7 +37,8 @@ def test_schema_problems_name_the_key():
     config = default_config()
     config["experiments"]["tiny"]["distill"]["arms"].append("wide")
     assert wc.schema_problems(config, SCHEMA) == [
-        "at experiments.tiny.distill.arms.3: 'wide' is not one of ['slice', 'dense', 'core', 'confined', 'randcomp']"]
+        "at experiments.tiny.distill.arms.3: 'wide' is not one of "
+        "['slice', 'dense', 'core', 'coreortho', 'confined', 'randcomp']"]
     assert wc.schema_problems(default_config(), SCHEMA) == []
 
 

@@ -76,14 +76,15 @@ def table1(paths: Sequence[Path]) -> pd.DataFrame:
 
 
 def controls(paths: Sequence[Path]) -> pd.DataFrame:
-    """Every arm minus slice; and core − dense, randcomp − core (the basis controls)."""
+    """Every arm minus slice; and core − dense, randcomp − core (the basis controls), coreortho − core
+    (CORE's two readings: orthonormal coordinates against the complement path)."""
     records = load_records(paths)
     rows = _gains_over_slice(records, "controls", ARMS, headline=("confined",))
     exp = records[0]["experiment"]
     for recipe in _recipes(records):
         for tokens in _budgets(records, recipe):
             present = _arms(records, recipe, tokens)
-            for a, b in (("core", "dense"), ("randcomp", "core")):
+            for a, b in (("core", "dense"), ("randcomp", "core"), ("coreortho", "core")):
                 if a in present and b in present:
                     get = lambda arm: scores_by_seed(records, recipe=recipe, arm=arm, tokens=tokens)  # noqa: E731
                     rows.append(paired_row("controls", f"{a} − {b}", get(a), get(b), a_name=f"{recipe}-{a}-t{tokens}",

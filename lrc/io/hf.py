@@ -163,7 +163,7 @@ def cast_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     ``Module.to(dtype)`` casts the buffers too, RoPE's ``inv_freq`` among them: in bf16 its
     rounding turns the rotary angle at position 2047 by up to 3.7 rad (theta 5e5, head_dim 128,
     as Llama-3.2). ``from_pretrained(dtype=torch.bfloat16)`` keeps that buffer in fp32; so does
-    this. The Parameter objects stay (what reads them, :class:`lrc.method.reach.TeacherTensor`, follows)."""
+    this. The Parameter objects stay (what reads them, :class:`lrc.method.teacher_tensor.TeacherTensor`, follows)."""
     for param in model.parameters():
         if param.is_floating_point():
             param.data = param.data.to(dtype)

@@ -2,7 +2,7 @@
 
 Each module maps the trainable tensor stored in ``parametrizations.weight.original`` to
 the deployed weight of a real transformers ``nn.Linear`` / ``nn.Embedding``. The teacher
-weights are read from the teacher module itself (:class:`TeacherTensor`: no copy, the
+weights are read from the teacher module itself (:class:`lrc.method.teacher_tensor.TeacherTensor`: no copy, the
 teacher's dtype); the bases are *non-persistent* buffers. Neither is ever trained or
 written into an LRC state (they are the teacher's, and rebuilt from its bases).
 
@@ -17,24 +17,27 @@ The arms change only gate/up/down. Their trainable tensors are stored column-ori
 so the bases used are the teacher's right singular vectors (row space):
 
 * `dense`: no parametrisation, a plain trainable ``nn.Parameter`` = merged warm start.
-* `core` (:class:`SpectralCoordinates`): ``W = U_r·A + U_perp·C``, U_r the teacher SVD
-  basis, U_perp its Householder completion (see :mod:`lrc.method.spectral`); ``A = U_rᵀ W0``,
-  ``C = 0``; AdamW runs on ``[A; C]``.
+* `core` (:class:`lrc.method.complement_path.ComplementPath`, docs/method.md §3 reading (a)):
+  ``W = T·F + U_perp·C``, LRC's own factor F kept (trainable, from the warm start) and a
+  zero-initialised path in the teacher-SVD complement U_perp (the Householder completion of
+  the teacher basis, see :mod:`lrc.method.spectral`).
 * `randcomp`: as `core` with ``U_perp · O``, O a seeded Haar-random orthogonal
   ``(d_ff-H)²`` matrix (materialised: 105 MB fp32 per matrix at Llama-3.2-3B scale).
+* `coreortho` (:class:`SpectralCoordinates`, reading (b)): ``W = U_r·A + U_perp·C`` in orthonormal
+  coordinates, ``A = U_rᵀ W0``, ``C = 0``: the dense function class with AdamW run on ``[A; C]``.
 
-Where core/randcomp's basis change runs (``core_impl`` of :func:`apply_arm`, recorded in
-``lrc.json``):
+Where core/coreortho/randcomp's basis change runs (``core_impl`` of :func:`apply_arm`, recorded
+in ``lrc.json``):
 
 * ``"optimizer"`` (default): the training model holds the deployed W as a plain trainable
   weight (the dense arm's forward and backward, nothing rebuilt) with the
-  :class:`SpectralCoordinates` module attached as its coordinate map
-  (:data:`lrc.names.COORDINATES_ATTR`); :class:`lrc.training.optim.CoordinateAdamW` maps the
-  gradient to ``[A; C]`` (:meth:`SpectralCoordinates.coordinates`, the adjoint = inverse),
-  keeps AdamW's moments and the coordinates there and writes ``W = SpectralCoordinates([A; C])``
-  back, once per optimiser step: two ``ormqr`` products per matrix and step instead of two
-  per micro-batch. Same trajectory as the parametrised arm (tests/test_coordinates.py).
-* ``"optimizer-wy"``: as ``"optimizer"``, with the whole ``[U_r U_perp]·[A; C]`` applied as
+  arm's map attached as its coordinate map (:data:`lrc.names.COORDINATES_ATTR`);
+  :class:`lrc.training.optim.CoordinateAdamW` maps the gradient to the coordinates (the map's
+  adjoint, ``coordinates``), keeps AdamW's moments and the coordinates there and writes W back,
+  once per optimiser step: two ``ormqr`` products per matrix and step instead of two per
+  micro-batch. Same trajectory as the parametrised arm (tests/test_coordinates.py,
+  tests/test_complement_path.py).
+* ``"optimizer-wy"`` (coreortho only): as ``"optimizer"``, with the whole ``[U_r U_perp]·[A; C]`` applied as
   one product with ``Q = I - V·T·Vᵀ`` (:func:`lrc.method.spectral.compact_wy`; ``U_r =
   Q[:, :H]·diag(s)``): three plain matrix products, ``4·d_ff·H·r + 2·H²·r`` flops per map
   instead of ``ormqr``'s sequence of reflections plus the ``U_r`` product; meant for GPUs,
@@ -59,7 +62,7 @@ for the QR (84 matrices), more for the 5120² rotations. Results agree across de
 float rounding, not bitwise.
 * `confined` (:class:`ConfinedToTeacherSpace`): ``W = U_r U_rᵀ C``, ``C = W0``.
 
-In the full-reach arms (dense/core/randcomp, and confined, whose C is no longer a factor
+In the full-reach arms (dense/core/coreortho/randcomp, and confined, whose C is no longer a factor
 P_down either) the warm start's P_down is kept, frozen, as the persistent buffer
 ``mlp.lrc_down_factor`` [r, H]: the map that builds the mlp-out clone target
 (METHOD.md §3). Trainable numbers per MLP matrix: H·r (slice), d_ff·r (all others).
@@ -72,96 +75,57 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from lrc.errors import LRCError
+from lrc.method.complement_path import ComplementPath
 from lrc.method.spectral import compact_wy, compute_bases
+from lrc.method.teacher_tensor import ReadsTeacher, teacher_operand
 from lrc.names import ARMS, COORDINATES_ATTR, MLP_KINDS
 from lrc.options import check_choice
 
 DOWN_FACTOR_BUFFER = "lrc_down_factor"
 # The arms built on the teacher bases (the full-reach arms: lrc.names.FULL_REACH_ARMS).
-BASIS_ARMS = ("core", "confined", "randcomp")
-# How `core`/`randcomp` apply their basis (see module doc): in the optimiser step (the
-# training model holds the deployed weight) or as a parametrisation (rebuilt every forward).
-# "optimizer-wy": the same, with Q applied in the compact-WY form (three matrix products,
+BASIS_ARMS = ("core", "coreortho", "confined", "randcomp")
+# The arms trained in other coordinates of the dense function class, whose basis change runs in
+# the optimiser step or as a parametrisation (``core_impl``, see the module doc).
+COORDINATE_ARMS = ("core", "coreortho", "randcomp")
+# LRC's factor kept, the teacher's complement added (lrc.method.complement_path): docs/method.md
+# §3 reading (a). `coreortho` is reading (b), the orthonormal coordinates (SpectralCoordinates).
+COMPLEMENT_ARMS = ("core", "randcomp")
+# "optimizer-wy" (coreortho only): Q applied in the compact-WY form (three matrix products,
 # lrc.method.spectral.compact_wy) instead of ormqr: for GPUs (see the module doc).
 CORE_IMPLS = ("optimizer", "optimizer-wy", "parametrized")
-COORDINATE_ARMS = ("core", "randcomp")
 
 
-class TeacherTensor:
-    """The teacher module's own tensor ``module.<name>``, read where it lives, never copied.
-
-    Not a buffer and not a submodule: the student's ``.to()``, ``state_dict``, DDP and FSDP
-    never see it, so the teacher's weights are held once per process, in the teacher's
-    dtype and on its device (a bf16 teacher on a GPU: bf16, which autocast then uses as it
-    is, with nothing cast or saved per forward). Read at every use, so it follows the
-    teacher wherever it is moved or cast (:func:`lrc.training.loop.place_teacher`). A deep copy of
-    the student shares it (the teacher is frozen: METHOD.md §1, lrc.io.hf).
-    """
-
-    __slots__ = ("module", "name")
-
-    def __init__(self, module: nn.Module, name: str = "weight"):
-        self.module, self.name = module, name
-
-    def get(self) -> torch.Tensor:
-        return getattr(self.module, self.name)
-
-    def __deepcopy__(self, memo):
-        return self
-
-
-def _teacher_operand(handle: TeacherTensor, factor: torch.Tensor) -> torch.Tensor:
-    """The teacher tensor as the product with ``factor`` takes it: itself, or (a teacher in
-    another dtype outside autocast, e.g. a bf16 teacher and an fp32 student) cast per use."""
-    t = handle.get()
-    if t.device != factor.device:
-        raise LRCError(f"the LRC student reads its teacher's {handle.name} on {t.device}, its factors are "
-                       f"on {factor.device}: place the teacher on the student's device")
-    if t.dtype != factor.dtype and not torch.is_autocast_enabled(factor.device.type):
-        return t.to(factor.dtype)
-    return t
-
-
-class _ReadsTeacher(nn.Module):
-    def __init__(self, teacher_module: nn.Module, name: str = "weight"):
-        super().__init__()
-        self.teacher_tensor = TeacherTensor(teacher_module, name)
-
-    @property
-    def frozen(self) -> torch.Tensor:
-        """The teacher tensor T (the teacher's own, see :class:`TeacherTensor`)."""
-        return self.teacher_tensor.get()
-
-
-class TeacherTimesFactor(_ReadsTeacher):
+class TeacherTimesFactor(ReadsTeacher):
     """``W = T · A`` with T the teacher's frozen weight (q/k/v projections)."""
 
     def forward(self, factor: torch.Tensor) -> torch.Tensor:
-        return _teacher_operand(self.teacher_tensor, factor) @ factor
+        return teacher_operand(self.teacher_tensor, factor) @ factor
 
 
-class FactorTimesTeacher(_ReadsTeacher):
+class FactorTimesTeacher(ReadsTeacher):
     """``W = B · T`` with T the teacher's frozen weight (o and down projections)."""
 
     def forward(self, factor: torch.Tensor) -> torch.Tensor:
-        return factor @ _teacher_operand(self.teacher_tensor, factor)
+        return factor @ teacher_operand(self.teacher_tensor, factor)
 
 
-class TeacherTimesFactorT(_ReadsTeacher):
+class TeacherTimesFactorT(ReadsTeacher):
     """``W = T · Pᵀ`` with T the teacher's frozen weight (gate/up projections, embedding, head)."""
 
     def forward(self, factor: torch.Tensor) -> torch.Tensor:
-        return _teacher_operand(self.teacher_tensor, factor) @ factor.T
+        return teacher_operand(self.teacher_tensor, factor) @ factor.T
 
 
 class SpectralCoordinates(nn.Module):
-    """``W = U_r·A + U_perp·(O·C)`` on the stored ``[A; C]`` ([d_ff, r]); `core`/`randcomp`.
+    """``W = U_r·A + U_perp·C`` on the stored ``[A; C]`` ([d_ff, r]); `coreortho`.
 
     ``U_perp`` is ``Q[:, H:]`` of the Householder reflectors ``(reflectors, tau)`` of U_r,
     never materialised: applied with ``torch.ormqr``, or, given ``wy = (V, T)``
     (:func:`lrc.method.spectral.compact_wy`), as ``Q = I - V·T·Vᵀ`` in three matrix products (the
     optimiser-step path: tensor-core friendly). ``rotation`` (O) is None for `core`.
     """
+
+    orthogonal = True  # CoordinateAdamW: the adjoint is the inverse, and clipping sees the same norm
 
     def __init__(self, basis, reflectors, tau, rotation=None, transpose=False, wy=None):
         super().__init__()
@@ -255,6 +219,11 @@ class SpectralCoordinates(nn.Module):
         return torch.cat([a, c], dim=0)
 
 
+    def inverse(self, weight: torch.Tensor) -> torch.Tensor:
+        """The coordinates of ``weight``: the adjoint, the map being orthogonal."""
+        return self.coordinates(weight)
+
+
 class ConfinedToTeacherSpace(nn.Module):
     """``W = U_r U_rᵀ C`` on the stored C [d_ff, r] (`confined`)."""
 
@@ -299,41 +268,49 @@ def down_clone_map(mlp) -> torch.Tensor:
     return mlp.down_proj.parametrizations.weight.original
 
 
-def _arm_module(arm, bases, layer, k, kind, w0, seed, wy=False):
-    """The parametrisation module of one MLP matrix for ``arm`` (confined/core/randcomp);
-    ``wy``: core/randcomp apply Q in the compact-WY form (the optimiser-step path)."""
+def _arm_module(arm, bases, teacher, layer, k, kind, w0, seed, wy=False, start=None):
+    """The parametrisation module of one MLP matrix for ``arm`` (a basis arm); ``wy``: coreortho
+    applies Q in the compact-WY form; ``start``: a complement path's step-0 ``[F; 0]``."""
     device = w0.device
-    basis = bases.basis(layer, kind).to(device, w0.dtype)
     transpose = kind == "down"
     if arm == "confined":
-        return ConfinedToTeacherSpace(basis, transpose=transpose)
-    refl, tau = bases.complement(layer, kind, device)
+        return ConfinedToTeacherSpace(bases.basis(layer, kind).to(device, w0.dtype), transpose=transpose)
+    refl, tau = (t.to(w0.dtype) for t in bases.complement(layer, kind, device))
     rotation = None
     if arm == "randcomp":
-        size = basis.shape[0] - basis.shape[1]
+        size = refl.shape[0] - refl.shape[1]
         rotation = random_rotation(size, seed * 1000 + 3 * layer + k, w0.dtype, device)
-    refl, tau = refl.to(w0.dtype), tau.to(w0.dtype)
+    if arm in COMPLEMENT_ARMS:
+        teacher_proj = getattr(teacher.model.layers[layer].mlp, f"{kind}_proj")
+        return ComplementPath(teacher_proj, refl, tau, rotation, transpose, start=start)
+    basis = bases.basis(layer, kind).to(device, w0.dtype)
     return SpectralCoordinates(basis, refl, tau, rotation, transpose, wy=compact_wy(refl, tau) if wy else None)
+
+
+def _check_core_impl(arm: str, core_impl: str) -> None:
+    check_choice("core_impl", core_impl, CORE_IMPLS)
+    if core_impl == "optimizer-wy" and arm in COMPLEMENT_ARMS:
+        raise LRCError(f"core_impl 'optimizer-wy' is the orthonormal coordinates' path (arm coreortho); arm {arm!r} "
+                       "is a complement path: use 'optimizer' or 'parametrized'")
 
 
 def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_impl: str = "optimizer") -> None:
     """Re-parameterise the MLP matrices of a `slice` student as ``arm``, in place.
 
-    The deployed weights (hence the function) are those of the warm start, up to float
-    rounding in the basis products. ``bases`` (:class:`lrc.method.spectral.TeacherBases`) is
-    needed for core/confined/randcomp and is computed from the teacher when omitted.
-    ``seed`` chooses randcomp's random complement basis (layer l, matrix k uses
-    ``seed * 1000 + 3 * l + k``).
+    The deployed weights (hence the function) are those of the warm start (the complement
+    arms and dense exactly; the others up to float rounding in the basis products). ``bases``
+    (:class:`lrc.method.spectral.TeacherBases`) is needed for the basis arms and is computed from
+    the teacher when omitted. ``seed`` chooses randcomp's random complement basis (layer l,
+    matrix k uses ``seed * 1000 + 3 * l + k``).
 
-    ``core_impl`` (core/randcomp only): ``"parametrized"`` registers
-    :class:`SpectralCoordinates` as the weight's parametrisation (trainable ``[A; C]``,
-    W rebuilt in every forward); ``"optimizer"`` (default) keeps W = SpectralCoordinates([A; 0])
-    as a plain trainable weight and attaches the module as its coordinate map
-    (:data:`lrc.names.COORDINATES_ATTR`), so :class:`lrc.training.optim.CoordinateAdamW` runs AdamW
-    in ``[A; C]`` once per step: the same trajectory, at dense forward cost.
+    ``core_impl`` (core/coreortho/randcomp only): ``"parametrized"`` registers the arm's map
+    as the weight's parametrisation (trainable coordinates, W rebuilt in every forward);
+    ``"optimizer"`` (default) keeps W as a plain trainable weight and attaches the map as its
+    coordinate map (:data:`lrc.names.COORDINATES_ATTR`), so :class:`lrc.training.optim.CoordinateAdamW`
+    runs AdamW in the coordinates once per step: the same trajectory, at dense forward cost.
     """
     check_choice("arm", arm, ARMS)
-    check_choice("core_impl", core_impl, CORE_IMPLS)
+    _check_core_impl(arm, core_impl)
     current = arm_of(student)
     if current != "slice":
         raise LRCError(f"apply_arm needs a slice student, this one is already arm {current!r}")
@@ -350,15 +327,23 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_imp
         for k, kind in enumerate(MLP_KINDS):
             proj = getattr(mlp, f"{kind}_proj")
             w0 = proj.weight.detach().clone()
+            factor = proj.parametrizations.weight.original.detach()  # P [r, H] (gate/up), B [r, H] (down)
+            start = None
+            if arm in COMPLEMENT_ARMS:  # [F; 0], F = the factor, column-oriented
+                start = torch.cat([factor.T, factor.new_zeros(w0.numel() // factor.shape[0] - factor.shape[1],
+                                                              factor.shape[0])]).contiguous()
             parametrize.remove_parametrizations(proj, "weight", leave_parametrized=False)
             if arm == "dense":
                 proj.weight = nn.Parameter(w0, requires_grad=True)
                 continue
-            module = _arm_module(arm, bases, i, k, kind, w0, seed, wy=in_optimizer and core_impl == "optimizer-wy")
+            module = _arm_module(arm, bases, teacher, i, k, kind, w0, seed,
+                                 wy=in_optimizer and core_impl == "optimizer-wy", start=start)
             if in_optimizer:
-                with torch.no_grad():  # exactly the parametrised arm's step-0 weight
-                    w = module(module.right_inverse(w0)).contiguous()
-                if module.wy_v is not None:
+                w = w0  # the complement path at [F; 0] is the warm start's weight itself
+                if arm not in COMPLEMENT_ARMS:
+                    with torch.no_grad():  # exactly the parametrised arm's step-0 weight
+                        w = module(module.right_inverse(w0)).contiguous()
+                if getattr(module, "wy_v", None) is not None:
                     module.keep_wy_form_only()  # U_r and the reflectors are not read again
                 proj.weight = nn.Parameter(w, requires_grad=True)
                 setattr(proj, COORDINATES_ATTR, module)  # a submodule: moves with .to(), never saved

@@ -6,7 +6,7 @@ config with ``hidden_size = r``, ``head_dim`` written explicitly (= the teacher'
 eps is the trained one). Every weight except the norms is a parametrisation
 (:mod:`lrc.method.reach`, ``unsafe=True``) whose stored tensor is the LRC factor of METHOD.md §1;
 the parametrisation reads the teacher weight from the teacher module itself
-(:class:`lrc.method.reach.TeacherTensor`): no copy, in the teacher's dtype and on its device, so
+(:class:`lrc.method.teacher_tensor.TeacherTensor`): no copy, in the teacher's dtype and on its device, so
 the teacher must be where the student is (a bf16 teacher under bf16 autocast: each teacher
 weight held once, nothing cast per forward).
 
@@ -198,7 +198,7 @@ def build_student(teacher, hidden_size: int, *, init: str = "normal", init_std: 
     ``calibration``: token ids ``[N, L]`` the ``activations`` init runs the teacher on.
 
     Freezes ``teacher``: the student's parametrisations read its weights (the teacher's own
-    tensors, :class:`lrc.method.reach.TeacherTensor`), and this is where an LRC run's teacher is
+    tensors, :class:`lrc.method.teacher_tensor.TeacherTensor`), and this is where an LRC run's teacher is
     frozen, once (:mod:`lrc.io.hf`)."""
     check_teacher(teacher)
     check_choice("init", init, INITS)

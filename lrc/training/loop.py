@@ -307,7 +307,12 @@ def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn
         vec = torch.stack([total.detach().float()] + [terms[n].detach().float().reshape(()) for n in names])
         step_sum = vec if step_sum is None else step_sum + vec
     clip = run.args.grad_clip if run.args.grad_clip > 0 else float("inf")
-    grad_norm = sharding.full(acc.clip_grad_norm_(trainable, clip))
+    inner = getattr(run.optimizer, "optimizer", run.optimizer)  # (accelerate wraps it)
+    if getattr(inner, "clips_in_coordinates", False):  # a map that is not orthogonal (core)
+        acc.unscale_gradients()
+        grad_norm = inner.clip_grad_norm_(trainable, clip)
+    else:
+        grad_norm = sharding.full(acc.clip_grad_norm_(trainable, clip))
     with time_optimizer():
         run.optimizer.step()
     lr_used = run.scheduler.get_last_lr()[0]  # a Python float: no sync

@@ -147,6 +147,9 @@ class _TraceAccelerator:
     def clip_grad_norm_(self, params, max_norm):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
+    def unscale_gradients(self):  # (no loss scaling in a trace)
+        pass
+
 
 class _StepTracker(MemTracker):
     """MemTracker that also counts, live and at the peak, the activations made outside

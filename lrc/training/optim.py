@@ -1,22 +1,27 @@
 """AdamW in per-parameter coordinates: the basis change of an arm, once per optimiser step.
 
-Some arms (`core`, `randcomp`: METHOD.md §3) are the *dense* function class trained in other
-coordinates: the deployed weight is ``W = M(q)`` for a fixed orthogonal linear map M
-(``W = [U_r U_perp] · q``), and AdamW, which is not rotation invariant, runs on q. Instead
+Some arms (`core`, `coreortho`, `randcomp`: docs/method.md §3) are the *dense* function class
+trained in other coordinates: the deployed weight is ``W = M(q)`` for a fixed injective linear
+map M (coreortho's ``W = [U_r U_perp]·q``, orthogonal; core's ``W = T·F + U_perp·C``, not), and
+AdamW, which is not rotation invariant, runs on q. Instead
 of rebuilding W from q in every forward and backward (a parametrisation), the training
 model holds W itself, a plain weight, and :class:`CoordinateAdamW` moves to q and back
 once per step:
 
-* the gradient of W goes to coordinates, ``g_q = M*(g_W)`` (the adjoint, = the inverse,
-  since M is orthogonal; exactly what autograd computes through a parametrisation),
+* the gradient of W goes to coordinates, ``g_q = M*(g_W)`` (the adjoint; exactly what autograd
+  computes through a parametrisation),
 * AdamW's moments (``exp_avg``, ``exp_avg_sq``) and q itself live in coordinates, in the
   optimiser state (``state[W]["coordinates"]``, so a checkpoint restores q bitwise),
 * torch's own AdamW step runs on q (the same kernels as on a parametrised tensor), and
 * ``W = M(q)`` is written back.
 
-Gradient clipping is unchanged: it runs on g_W before the step and M is orthogonal, so the
-norm is that of g_q (up to float rounding). Decoupled weight decay shrinks q by
-``1 - lr·wd``, i.e. W by the same factor: the parametrised arm's decay.
+Gradient clipping: for an orthogonal M (`coreortho`) it is unchanged, on g_W before the step,
+whose norm is that of g_q (up to float rounding). A map that is not orthogonal (`core`,
+`randcomp`: ``W = T·F + U_perp·C``) says so (``orthogonal = False``): the loop then clips with
+:meth:`CoordinateAdamW.clip_grad_norm_`, on the norm of g_q, as the parametrised arm's clipping
+does, and the first step's q is ``M⁻¹(W)`` (the map's ``inverse``) instead of the adjoint.
+Decoupled weight decay shrinks q by ``1 - lr·wd``, i.e. W by the same factor: the parametrised
+arm's decay.
 
 The maps are found on the model (:func:`coordinate_maps`): a module whose attribute
 :data:`lrc.names.COORDINATES_ATTR` is a map has its ``weight`` optimised in that map's coordinates.
@@ -56,7 +61,7 @@ file accelerate writes, one parameter at a time (no full copy on any device), an
 summary records it); :meth:`CoordinateAdamW.plan_share` makes a single process act as
 rank 0 of P (no broadcasts), for the planner's memory trace.
 
-Only `core`/`randcomp` use it (decision, measured with ``lrc bench``, CPU time per step,
+Only `core`/`coreortho`/`randcomp` use it (decision, measured with ``lrc bench``, CPU time per step,
 H512 teacher, 4 micro-batches of 1,024 tokens: kd 2.45 s, dense 3.12 s, slice 3.40 s,
 confined 3.65 s). `confined` (W = Π·C) and `slice` (W = T·Zᵀ, and every other LRC factor)
 are linear in their coordinates too, but their maps are not orthogonal: the clipped norm
@@ -86,7 +91,11 @@ STATE_KEY = "coordinates"
 
 
 class CoordinateMap(Protocol):
-    def coordinates(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    orthogonal: bool  # False: clipping must see the coordinates' gradient (clip_grad_norm_)
+
+    def coordinates(self, tensor: torch.Tensor) -> torch.Tensor: ...  # the adjoint M*
+
+    def inverse(self, weight: torch.Tensor) -> torch.Tensor: ...  # M⁻¹ (= M* when orthogonal)
 
     def coordinates_shape(self, weight_shape: tuple[int, ...]) -> tuple[int, ...]: ...
 
@@ -144,6 +153,7 @@ class CoordinateAdamW(torch.optim.AdamW):
         super().__init__(params, **kwargs)
         # Keyed by id: tensors compare elementwise, so they are no safe dict keys of their own.
         self._maps = {id(p): (p, cmap) for p, cmap in (coordinates or {}).items()}
+        self._mapped_grads: dict[int, torch.Tensor] = {}  # this step's M*(g), made by clip_grad_norm_
         self._shard_states = shard_states
         listed = {id(p) for p in self._params()}
         stray = [k for k in self._maps if k not in listed]
@@ -215,13 +225,16 @@ class CoordinateAdamW(torch.optim.AdamW):
                 cmap, owner = self._maps[id(p)][1], self._owner[id(p)]
                 state = self.state.pop(p, {})
                 q = state.pop(STATE_KEY, None)
-                if q is None:  # first step: q = M*(W), made by the owner (W is the same everywhere)
-                    q = cmap.coordinates(p.detach()).contiguous() if owner == rank else \
+                if q is None:  # first step: q = M⁻¹(W), made by the owner (W is the same everywhere)
+                    q = cmap.inverse(p.detach()).contiguous() if owner == rank else \
                         p.new_empty(cmap.coordinates_shape(tuple(p.shape)))
                     firsts.append((q, owner))
                 # Processes share the basis changes: the owner of a weight maps its (all-reduced,
                 # identical everywhere) gradient and sends it; AdamW then runs everywhere.
-                q.grad = cmap.coordinates(p.grad).contiguous() if owner == rank else torch.empty_like(q)
+                mapped = self._mapped_grads.pop(id(p), None) if owner == rank else None  # (clip_grad_norm_)
+                if owner == rank and mapped is None:
+                    mapped = cmap.coordinates(p.grad).contiguous()
+                q.grad = mapped if owner == rank else torch.empty_like(q)
                 jobs.append((q.grad, owner))
                 self.state[q] = state
                 params[i] = q
@@ -247,6 +260,39 @@ class CoordinateAdamW(torch.optim.AdamW):
                    else [p for _, _, p, _, _, _ in swapped])
         _share_from_owners([(p.data, self._owner[id(p)]) for p in stepped], self._broadcast)
 
+    @property
+    def clips_in_coordinates(self) -> bool:
+        """Whether a map is not orthogonal, so the loop must clip with :meth:`clip_grad_norm_`."""
+        return any(not getattr(cmap, "orthogonal", True) for _, cmap in self._maps.values())
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+        """Clip the gradients of ``params`` (all-reduced already) by their norm as the coordinates
+        see it, as a parametrised arm's clipping does: ``‖M*(g_W)‖`` for a mapped weight, ``‖g‖``
+        for the others. The mapped gradients are kept for :meth:`step`; one factor scales both
+        (the maps are linear). Returns the total norm (the same on every process)."""
+        _, rank = self._world
+        plain, mapped = [], []
+        for p in params:
+            if p.grad is None:
+                continue
+            if id(p) not in self._maps:
+                plain.append(p.grad)
+            elif self._owner[id(p)] == rank:  # the owner maps it (the others hold no map)
+                self._mapped_grads[id(p)] = self._maps[id(p)][1].coordinates(p.grad).contiguous()
+                mapped.append(self._mapped_grads[id(p)])
+        device = params[0].device
+        squares = [torch.linalg.vector_norm(g.float()) ** 2 for g in mapped]
+        mapped_sq = torch.stack(squares).sum() if squares else torch.zeros((), device=device)
+        if self._broadcast:
+            torch.distributed.all_reduce(mapped_sq)
+        plain_sq = sum((torch.linalg.vector_norm(g.float()) ** 2 for g in plain), torch.zeros((), device=device))
+        total = torch.sqrt(plain_sq + mapped_sq)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in [p.grad for p in params if p.grad is not None] + mapped:
+            g.mul_(coef.to(g.dtype))
+        return total
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -257,6 +303,7 @@ class CoordinateAdamW(torch.optim.AdamW):
         try:
             super().step()
         finally:
+            self._mapped_grads.clear()
             self._leave(swapped, hidden)
         return loss
 

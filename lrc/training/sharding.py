@@ -27,7 +27,7 @@ accelerate 1.15 does not do for an LRC student, done here:
 - **What FSDP2 shards.** Parameters only: the trainable factors and norm weights, and the
   frozen parameters (Qwen2's q/k/v biases), as ``DTensor`` shards (``Shard(0)``) across the
   ranks. Not sharded: the teacher weights an LRC parametrisation reads are the objective's
-  teacher module's own tensors (:class:`lrc.method.reach.TeacherTensor`, neither buffers nor
+  teacher module's own tensors (:class:`lrc.method.teacher_tensor.TeacherTensor`, neither buffers nor
   parameters), and core's buffers (``basis``, ``reflectors``, ``tau``, ``rotation``,
   ``lrc_down_factor``) are plain tensors, a full replica on every rank. The objective's teacher is not given to
   accelerate at all (:func:`lrc.training.loop.place_teacher`): a full replica on every rank.
