@@ -53,7 +53,8 @@ def outputs_of(output: str, rule: str) -> list[str]:
 def expected_claim_runs(c: dict) -> set[str]:
     """Written out here from the claims' definitions (docs/method.md §4), not from lrc.workflow.claims."""
     seeds, t, full = c["seeds"], c["tokens"], c["full_arm"]
-    at_budget = {f"lrc-{arm}-s{s}-t{t}" for arm in ["slice", "dense", "core", "confined", "randcomp"] for s in seeds}
+    at_budget = {f"lrc-{arm}-s{s}-t{t}" for arm in ["slice", "dense", "core", "coreortho", "confined", "randcomp"]
+                 for s in seeds}
     kl = {f"kl-{arm}-s{s}-t{t}" for arm in ["slice", full] for s in seeds}
     ladder = {f"lrc-{arm}-s{s}-t{b}" for arm in ["slice", full] for s in seeds for b in c["ladder"]}
     return at_budget | kl | ladder
@@ -67,20 +68,20 @@ def test_claims_dag_on_the_default_config_distills_exactly_the_claims_runs():
     expected = expected_claim_runs(c)
     assert len(runs) == len(set(runs)) == len(expected)
     assert set(runs) == expected
-    # 3 seeds x (5 arms + kl slice/dense) at the budget, plus slice/dense at the other ladder budgets.
+    # 3 seeds x (6 arms + kl slice/dense) at the budget, plus slice/dense at the other ladder budgets.
     extra = len([b for b in c["ladder"] if b != c["tokens"]])
-    assert len(runs) == 3 * (5 + 2) + 3 * 2 * extra
+    assert len(runs) == 3 * (6 + 2) + 3 * 2 * extra
     counts = job_counts(out)
-    assert counts["merge"] == len(runs) and counts["knockout_audit"] == 9 and counts["sft"] == 6
-    # every run, its knockout (dense, core, randcomp x 3 seeds), its SFT (slice, dense x 3) and the teacher
-    assert counts["evaluate"] == len(runs) + 9 + 6 + 1
+    assert counts["merge"] == len(runs) and counts["knockout_audit"] == 12 and counts["sft"] == 6
+    # every run, its knockout (dense, core, coreortho, randcomp x 3 seeds), its SFT (slice, dense x 3) and the teacher
+    assert counts["evaluate"] == len(runs) + 12 + 6 + 1
     assert counts["warmstart"] == 2 and "warmstart_seeded" not in counts  # one per recipe
     assert outputs_of(out, "warmstart") == ["results/tiny/warmstart/kl", "results/tiny/warmstart/lrc"]
     for claim in claims.CLAIMS:
         assert counts[f"claim_{claim}"] == 1
     assert counts["claims"] == 1 and "table1" not in counts and "pretrain" in counts
     assert set(outputs_of(out, "knockout_audit")) == {
-        f"results/tiny/occupancy/lrc-{a}-s{s}-t{c['tokens']}.csv" for a in ("dense", "core", "randcomp")
+        f"results/tiny/occupancy/lrc-{a}-s{s}-t{c['tokens']}.csv" for a in ("dense", "core", "coreortho", "randcomp")
         for s in c["seeds"]}
 
 
@@ -89,11 +90,11 @@ def test_claim_rules_hand_lrc_claims_their_files():
     out = snakemake("-n", "--forceall", "results/claims/coordinates.csv", "results/claims/knockout.csv").stdout
     (coords,) = [c for c in shell_commands(out) if c.startswith("lrc claims coordinates ")]
     files = coords.split("--inputs ", 1)[1].split(" --out", 1)[0].split()
-    assert len(files) == 15 and all(re.fullmatch(r"results/tiny/distill/lrc-\w+-s\d-t\d+/update_energy\.csv", f)
+    assert len(files) == 18 and all(re.fullmatch(r"results/tiny/distill/lrc-\w+-s\d-t\d+/update_energy\.csv", f)
                                     for f in files)
     (knock,) = [c for c in shell_commands(out) if c.startswith("lrc claims knockout ")]
-    assert ("results/tiny/eval/teacher.json" in knock and knock.count(".knockout.json") == 9
-            and knock.count("/occupancy/") == 9)
+    assert ("results/tiny/eval/teacher.json" in knock and knock.count(".knockout.json") == 12
+            and knock.count("/occupancy/") == 12)
 
 
 @pytest.mark.slow

@@ -91,7 +91,7 @@ def test_fsdp2_killed_and_restarted_equals_uninterrupted(world, tmp_path):
 @pytest.mark.slow
 def test_fsdp2_shards_the_student_parameters_and_replicates_teacher_and_buffers(world, tmp_path):
     """Trainable parameters: DTensors sharded on dim 0 across the 2 ranks. Student buffers (core's
-    bases and reflectors; the teacher weights the parametrisations read are the objective
+    complement reflectors; the teacher weights the parametrisations read are the objective
     teacher's own) and the objective's teacher: full plain tensors on each rank. A tied student's
     embedding and head share one sharded factor, and after training the student is a plain model
     again (full tensors, tie kept)."""
@@ -105,7 +105,8 @@ def test_fsdp2_shards_the_student_parameters_and_replicates_teacher_and_buffers(
         assert seen["params"] and all(p["dtensor"] and p["placements"] == ["S(0)"] for p in seen["params"].values())
         assert all(p["local_rows"] == -(-p["shape"][0] // 2) - (rank * (p["shape"][0] % 2))
                    for p in seen["params"].values())
-        assert any("basis" in n for n in seen["buffers"]) and all(not b["dtensor"] for b in seen["buffers"].values())
+        assert any("reflectors" in n for n in seen["buffers"])
+        assert all(not b["dtensor"] for b in seen["buffers"].values())
         assert all(not t["dtensor"] and t["full"] for t in seen["teacher"].values())
         assert seen["after"]["dtensors"] == 0 and seen["after"]["plain_class"]
         assert seen["tied"] == seen["after"]["tied"] == kind.endswith("-tied")

@@ -263,15 +263,15 @@ def test_end_to_end_chain_on_the_test_world(tmp_path):
             in refused.stdout + refused.stderr)
     assert (repo / core / "settings.json").exists()  # not deleted: no job ran
 
-    # One only the job can find (the batch does not split into micro-batches): the job fails.
-    changed["experiments"][exp]["distill"]["train"]["lr"] = 0.003
-    changed["experiments"][exp]["distill"]["train"]["micro_batch_size"] = 5
+    # One only the job can find (a learning rate that blows the loss up): the job fails.
+    changed["experiments"][exp]["distill"]["train"]["lr"] = 1000.0
     (repo / "broken.yaml").write_text(yaml.safe_dump(changed))
     # Target the one job, so which job fails first does not depend on scheduling order.
     failed = snakemake("--cores", "1", core, "--configfile", "broken.yaml", cwd=repo)
     assert failed.returncode != 0
-    # the log names the option
-    assert "--micro-batch-size" in (repo / f"logs/{exp}/distill/lrc-core-s0-t20000.log").read_text()
+    # the log says why, and what the run left behind
+    log = (repo / f"logs/{exp}/distill/lrc-core-s0-t20000.log").read_text()
+    assert re.search(r"(non-finite value|the loss diverged:) at step \d+", log) and "stopped without saving" in log, log
     assert not (repo / core).exists()  # no partial output
     for stage in ["teacher", "svd", "warmstart/lrc"]:  # earlier results are kept
         assert (results / exp / stage / "settings.json").exists(), stage
