@@ -88,9 +88,14 @@ def test_controls_every_arm_minus_slice_and_the_basis_controls(evals, tmp_path):
     t = read(tmp_path / "c.csv")
     assert list(t.index) == ["dense − slice", "core − slice", "confined − slice", "randcomp − slice", "core − dense",
                              "randcomp − core"]
-    confined = t.loc["confined − slice"]  # 0.5, -0.5, 0: interval 0 ± 1.24, wider than the ±1 margin
-    assert confined["miniature"] == pytest.approx(0.0, abs=1e-9) and pd.isna(confined["direction_holds"])
-    assert "inconclusive" in confined["direction"] and confined["paper"] == -0.02
+    # 0.5, -0.5, 0: the 95 % interval 0 ± 1.24 is wider than the ±1 margin, the 90 % one (0 ± 0.84) lies
+    # inside it: equivalent (two one-sided tests at 5 %), so the null holds
+    confined = t.loc["confined − slice"]
+    assert confined["miniature"] == pytest.approx(0.0, abs=1e-9) and bool(confined["direction_holds"])
+    assert confined["ci90_high"] == pytest.approx(0.8429, abs=1e-4) == -confined["ci90_low"]
+    assert confined["verdict_rule"] == "equivalence" and "equivalence" in confined["direction"]
+    assert pd.isna(t.loc["core − slice", "direction_holds"])  # +1 [-1.48, +3.48]: the right sign, inconclusive
+    assert pd.isna(t.loc["dense − slice", "ci90_low"])  # the 90 % interval is a null's only
     core_dense = t.loc["core − dense"]  # -2, -2, -2 against the paper's +0.13: the direction fails
     assert core_dense["miniature"] == pytest.approx(-2.0) and not bool(core_dense["direction_holds"])
     assert core_dense["p_value"] == 0.0  # no spread: t is infinite
@@ -231,16 +236,23 @@ def test_summary_csv_and_markdown(evals, tmp_path):
                   "--time-file", tmp_path / "seconds") == 0
     s = pd.read_csv(out)
     assert list(s.columns) == ["claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds",
-                               "direction_holds", "ci_excludes_zero", "rule", "table"]
+                               "p_value", "p_holm", "verdict_rule", "direction_holds", "holds", "ci_excludes_zero",
+                               "rule", "table"]
     assert list(s["comparison"]) == ["dense − slice", "core − slice", "confined − slice", "core − dense",
                                      "randcomp − core"]
     assert list(s["rule"]) == ["claim_table1"] * 2 + ["claim_controls"] * 3 and s.loc[0, "table"] == str(t1)
     assert s.loc[0, "miniature"] == pytest.approx(3.0) and s.loc[0, "ci_low"] == pytest.approx(3 - HALF, abs=1e-4)
+    # Holm over the four sign rows (p 0, 0, 0.0351, 0.2254): dense − slice's 0.0351 becomes 2 x 0.0351, so
+    # its yes is inconclusive once corrected; the equivalence row keeps its own verdict
+    assert s["p_holm"].tolist()[:2] == pytest.approx([0.0702, 0.2254], abs=1e-4) and pd.isna(s.loc[2, "p_holm"])
+    assert [None if pd.isna(v) else bool(v) for v in s["direction_holds"]] == [True, None, True, False, False]
+    assert [None if pd.isna(v) else bool(v) for v in s["holds"]] == [None, None, True, False, False]
     text = md.read_text()
-    assert ("| 1 | table1 | dense − slice | +2.23 | +3.00 [+0.52, +5.48] | 3 | 0.0351 | yes | yes | `claim_table1` |"
+    assert ("| 1 | table1 | dense − slice | +2.23 | +3.00 [+0.52, +5.48] | 3 | 0.0351 | 0.0702 | — | `claim_table1` |"
             in text)
+    assert "Holm's adjusted p over the 4 sign rows is below 0.05" in text
     assert "20.6 min (1234 s)" in text and "Student's t" in text and "docs/method.md" in text
-    assert "3. no effect, as in the paper (-0.02): holds if the interval lies within ±1 points" in text
+    assert "3. no effect, as in the paper (-0.02): holds if the 90 % interval lies within ±1 points" in text
 
 
 def test_bad_inputs_are_refused_with_the_culprit(evals, tmp_path, capsys):
@@ -286,11 +298,39 @@ def test_two_experiments_get_their_own_rows_and_figure_panels(tmp_path):
     assert "other: long-budget gap: dense − slice at the largest budget (800 tokens)" in list(s["comparison"])
 
 
-@pytest.mark.parametrize("low, high, holds",
-                         [(-0.5, 0.8, True), (0.2, 3.0, False), (-3.0, -0.1, False), (-1.5, 0.5, None)])
-def test_a_null_holds_only_when_its_interval_lies_within_the_margin(low, high, holds):
-    from lrc.analysis.claims_rows import EQUIVALENCE_MARGIN, direction_holds, paper
+def _interval(low, high):
     from lrc.analysis.stats import Interval
 
+    return Interval((low + high) / 2, low, high, 3, 1.0)
+
+
+@pytest.mark.parametrize("ci95, ci90, holds",
+                         [((-0.9, 1.2), (-0.5, 0.8), True),  # equivalent: the 90 % interval inside ±1
+                          ((0.2, 3.0), (0.5, 2.6), False), ((-3.0, -0.1), (-2.6, -0.5), False),  # an effect
+                          ((-1.5, 0.5), (-1.2, 0.2), None),  # neither: inconclusive
+                          ((0.1, 0.9), (0.2, 0.8), True)])  # a tiny effect inside the margin is equivalent
+def test_a_null_holds_only_when_its_90_percent_interval_lies_within_the_margin(ci95, ci90, holds):
+    from lrc.analysis.claims_rows import EQUIVALENCE_MARGIN, direction_holds, paper
+
     assert EQUIVALENCE_MARGIN == 1.0
-    assert direction_holds(paper("controls", "confined"), Interval((low + high) / 2, low, high, 3, 1.0)) is holds
+    assert direction_holds(paper("controls", "confined"), _interval(*ci95), _interval(*ci90)) is holds
+
+
+@pytest.mark.parametrize("ci95, paper_value, holds",
+                         [((0.5, 4.0), 2.23, True), ((-4.0, -0.5), 2.23, False), ((-4.0, -0.5), -0.64, True),
+                          ((-0.5, 4.0), 2.23, None),  # the right mean, an interval holding 0: never a yes
+                          ((-4.0, 0.5), -0.64, None)])
+def test_a_sign_holds_only_when_its_interval_lies_on_the_papers_side(ci95, paper_value, holds):
+    from lrc.analysis.claims_rows import Paper, direction_holds
+
+    assert direction_holds(Paper(paper_value, "constructed"), _interval(*ci95)) is holds
+    nan = float("nan")
+    assert direction_holds(Paper(paper_value, "constructed"), _interval(nan, nan)) is None  # one seed: no interval
+
+
+def test_holm_adjusts_step_down_and_skips_blanks():
+    from lrc.analysis.stats import holm
+
+    # sorted 0.01, 0.02, 0.04 against 3, 2, 1 tests: 0.03, 0.04, max(0.04, 0.04); NaN stays out of the family
+    assert holm([0.04, float("nan"), 0.01, 0.02]) == pytest.approx([0.04, float("nan"), 0.03, 0.04], nan_ok=True)
+    assert holm([0.5, 0.6]) == [1.0, 1.0] and holm([]) == []

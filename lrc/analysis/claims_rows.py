@@ -3,19 +3,21 @@
 A claim table (`lrc claims CLAIM`) has one row per comparison, with the same leading columns
 (``ROW_COLUMNS``): the paper's number and which of its settings it is, the miniature's mean,
 its 95 % t interval over seeds, the seeds and per-seed values, the paired p-value, what
-"direction" means for the row and whether it holds. ``headline`` marks the rows that
-`lrc claims summary` carries into ``results/claims.csv``.
+"direction" means for the row, its verdict rule (``verdict_rule``: sign, equivalence, size, chance
+or no-paper) and whether it holds (:func:`direction_holds`; docs/method.md §9). ``headline`` marks
+the rows that `lrc claims summary` carries into ``results/claims.csv``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 from lrc.analysis.stats import (
     CI_METHOD,
+    EQUIVALENCE_LEVEL,
+    Interval,
     mean,
     paired_differences,
     paired_t_pvalue,
@@ -29,7 +31,8 @@ PAPER_SOURCE = "docs/method.md §4"
 ROW_COLUMNS = (
     "claim", "comparison", "experiment", "recipe", "tokens", "paper", "paper_setting", "paper_source",
     "miniature", "ci_low", "ci_high", "n_seeds", "seeds", "per_seed", "p_value",
-    "direction", "direction_holds", "ci_excludes_zero", "headline", "ci_method",
+    "direction", "verdict_rule", "direction_holds", "ci_excludes_zero", "ci90_low", "ci90_high", "headline",
+    "ci_method",
 )
 
 
@@ -37,17 +40,15 @@ ROW_COLUMNS = (
 class Paper:
     """The paper's number for one comparison (None: it has none) and how to read the direction.
 
-    ``sign``: the miniature's effect has the paper's sign; ``null``: the paper found no effect,
-    so it holds when the whole interval lies within ±``EQUIVALENCE_MARGIN`` points, fails when
-    the interval excludes 0, and is inconclusive (blank) otherwise — an interval that merely
-    holds 0 is a lack of evidence, not a null; ``size``: a size to set beside the paper's, no
-    direction; ``chance``: the knockout rule (see :func:`lrc.analysis.claims_measures`); ``none``:
+    ``sign``: the paper found an effect of this sign; ``equivalence``: the paper found no effect (the
+    rules: :func:`direction_holds`); ``size``: a size to set beside the paper's, no
+    direction; ``chance``: the knockout rule (see :func:`lrc.analysis.claims_measures`); ``no-paper``:
     nothing to compare with.
     """
 
     value: float | None
     setting: str
-    kind: Literal["sign", "null", "size", "chance", "none"] = "sign"
+    kind: Literal["sign", "equivalence", "size", "chance", "no-paper"] = "sign"
 
 
 # The null's equivalence margin, in points of the aggregate (a choice: about the size of the
@@ -55,7 +56,7 @@ class Paper:
 EQUIVALENCE_MARGIN = 1.0
 
 
-NO_PAPER = Paper(None, "the paper has no number for this", "none")
+NO_PAPER = Paper(None, "the paper has no number for this", "no-paper")
 LLAMA_1B5 = "Llama-3.2-3B → 1.5B, 10B tokens"
 # METHOD.md §4 (the same text as docs/method.md §4). Differences of two published scores are
 # marked "derived".
@@ -68,7 +69,7 @@ PAPER = {
     ("controls", "randcomp"): Paper(1.72, f"{LLAMA_1B5}: random completion 64.76 − plain LRC 63.04 "
                                           "(= 65.40 − 2.36), derived"),
     ("controls", "confined"): Paper(-0.02, f"{LLAMA_1B5}: equal-parameter slice-confined 64.02 vs "
-                                           "plain LRC 64.04 (a null)", "null"),
+                                           "plain LRC 64.04 (a null)", "equivalence"),
     ("controls", "core-dense"): Paper(0.13, f"{LLAMA_1B5}: spectral 65.40 − dense 65.27, derived"),
     ("controls", "randcomp-core"): Paper(-0.64, f"{LLAMA_1B5}: random completion 64.76 − spectral 65.40, derived"),
     ("cross_recipe", "lrc"): Paper(1.82, "the controls' backbone, 2B tokens, slice → full under the LRC recipe"),
@@ -188,32 +189,46 @@ def _row(claim, comparison, values, p_value, ref: Paper, headline, extra) -> dic
         "paper": ref.value, "paper_setting": ref.setting, "paper_source": PAPER_SOURCE if ref.value is not None else "",
         "miniature": iv.mean, "ci_low": iv.low, "ci_high": iv.high, "n_seeds": iv.n,
         "seeds": " ".join(map(str, sorted(values))), "per_seed": per_seed_text(values), "p_value": p_value,
-        "direction": extra.pop("direction", None) or direction_text(ref),
+        "direction": extra.pop("direction", None) or direction_text(ref), "verdict_rule": ref.kind,
         "direction_holds": extra.pop("direction_holds", None), "ci_excludes_zero": iv.excludes_zero,
-        "headline": headline, "ci_method": CI_METHOD,
+        "ci90_low": float("nan"), "ci90_high": float("nan"), "headline": headline, "ci_method": CI_METHOD,
     }
+    iv90 = t_interval(values.values(), EQUIVALENCE_LEVEL)
+    if ref.kind == "equivalence":
+        row["ci90_low"], row["ci90_high"] = iv90.low, iv90.high
     if row["direction_holds"] is None:
-        row["direction_holds"] = direction_holds(ref, iv)
+        row["direction_holds"] = direction_holds(ref, iv, iv90)
     return {**row, **extra}
 
 
 def direction_text(ref: Paper) -> str:
     if ref.kind == "sign":
-        return f"same sign as the paper's {ref.value:+.2f}"
-    if ref.kind == "null":
-        return (f"no effect, as in the paper ({ref.value:+.2f}): holds if the interval lies within "
-                f"±{EQUIVALENCE_MARGIN:g} points, fails if it excludes 0, blank (inconclusive) otherwise")
+        return (f"the paper's sign ({ref.value:+.2f}): holds if the 95 % interval lies on that side of 0, fails if "
+                "it lies on the other side, blank (inconclusive) if it holds 0")
+    if ref.kind == "equivalence":
+        return (f"no effect, as in the paper ({ref.value:+.2f}): holds if the 90 % interval lies within "
+                f"±{EQUIVALENCE_MARGIN:g} points (equivalence), else fails if the 95 % interval excludes 0, "
+                "blank (inconclusive) otherwise")
     if ref.kind == "size":
         return f"a size beside the paper's {ref.value:g}, no direction to hold"
     return "no paper number to compare with"
 
 
-def direction_holds(ref: Paper, iv) -> bool | None:
-    """sign: the signs agree; null: see :class:`Paper` (None without an interval); else None."""
-    if ref.kind == "sign" and ref.value and not math.isnan(iv.mean):
-        return (iv.mean > 0) == (ref.value > 0) and iv.mean != 0
-    if ref.kind == "null" and iv.excludes_zero is not None:
-        if iv.excludes_zero:
-            return False
-        return True if -EQUIVALENCE_MARGIN <= iv.low and iv.high <= EQUIVALENCE_MARGIN else None
+def direction_holds(ref: Paper, iv: Interval, iv90: Interval | None = None) -> bool | None:
+    """The verdict of a row from its 95 % interval ``iv`` (and, for a null, its 90 % interval ``iv90``);
+    None is "inconclusive", and so is every row without an interval (one seed).
+
+    sign: yes when the interval lies on the paper's side of 0, no when it lies on the other side,
+    inconclusive when it holds 0 — a mean of the right sign alone is never a yes. equivalence (a null):
+    yes when the 90 % interval lies within ±``EQUIVALENCE_MARGIN`` (two one-sided tests at 5 %), else no
+    when the 95 % interval excludes 0, else inconclusive — an interval that merely holds 0 is a
+    lack of evidence, not a null. Other kinds: None."""
+    if iv.excludes_zero is None:
+        return None
+    if ref.kind == "sign" and ref.value:
+        return (iv.low > 0) == (ref.value > 0) if iv.excludes_zero else None
+    if ref.kind == "equivalence":
+        if iv90 is not None and -EQUIVALENCE_MARGIN <= iv90.low and iv90.high <= EQUIVALENCE_MARGIN:
+            return True
+        return False if iv.excludes_zero else None
     return None

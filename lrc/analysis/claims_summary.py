@@ -1,8 +1,11 @@
 """`lrc claims summary`: results/claims.csv (one row per headline comparison) and claims.md.
 
 The claim CSVs (``results/claims/{claim}.csv``) already hold everything; the summary keeps the
-rows marked ``headline`` and names the Snakemake rule (``claim_<CLAIM>``) and the table each
-came from. The markdown is the readable page: the table, how to read "direction" on each row,
+rows marked ``headline``, names the Snakemake rule (``claim_<CLAIM>``) and the table each came
+from, and corrects the sign rows' verdicts for testing them together: Holm over the headline
+rows with the sign rule (``p_holm``); ``holds`` is the row's verdict where its Holm-adjusted p is
+below 5 %, inconclusive (blank) where it is not, and the row's own verdict for the other rules.
+The markdown is the readable page: the table, how to read "direction" on each row,
 the interval's method, the number of seeds and what the seed varies, and the time it took.
 """
 
@@ -14,15 +17,16 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from lrc.analysis.stats import CI_METHOD
+from lrc.analysis.stats import CI_METHOD, holm
 from lrc.analysis.tables import read_csv_table
 from lrc.errors import LRCError
 from lrc.io.atomic import atomic_file
 
-SUMMARY_COLUMNS = ("claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds",
-                   "direction_holds", "ci_excludes_zero", "rule", "table")
-NEEDED = {"claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "direction_holds",
-          "ci_excludes_zero", "headline"}
+SUMMARY_COLUMNS = ("claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "p_value",
+                   "p_holm", "verdict_rule", "direction_holds", "holds", "ci_excludes_zero", "rule", "table")
+NEEDED = {"claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "p_value", "verdict_rule",
+          "direction_holds", "ci_excludes_zero", "headline"}
+ALPHA = 0.05
 
 
 def read_claim_tables(paths: Sequence[Path]) -> pd.DataFrame:
@@ -45,8 +49,21 @@ def read_claim_tables(paths: Sequence[Path]) -> pd.DataFrame:
 
 def summary(paths: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(claims.csv's frame, the full headline rows for the markdown)."""
-    rows = read_claim_tables(paths)
+    rows = with_holm(read_claim_tables(paths))
     return rows[list(SUMMARY_COLUMNS)].copy(), rows
+
+
+def with_holm(rows: pd.DataFrame) -> pd.DataFrame:
+    """``p_holm`` over the sign rows (the family of directional tests) and the corrected verdict ``holds``."""
+    rows = rows.copy()
+    sign = (rows["verdict_rule"] == "sign").to_numpy()
+    p = pd.to_numeric(rows["p_value"], errors="coerce").to_numpy()
+    rows["p_holm"] = float("nan")
+    rows.loc[sign, "p_holm"] = holm(p[sign])
+    own = [None if _missing(v) else str(v) == "True" for v in rows["direction_holds"]]
+    rows["holds"] = [verdict if not is_sign or verdict is None else (verdict if p_adj < ALPHA else None)
+                     for verdict, is_sign, p_adj in zip(own, sign, rows["p_holm"])]
+    return rows
 
 
 def read_seconds(path: Path) -> float:
@@ -65,20 +82,24 @@ def markdown(rows: pd.DataFrame, *, seconds: float | None = None) -> str:
         f"seeds per comparison: {', '.join(map(str, seeds))}."
         + (f" Time taken: {seconds / 60:.1f} min ({seconds:.0f} s)." if seconds is not None else ""),
         "",
-        "| # | claim | comparison | paper | miniature [95 % CI] | seeds | p (t-test) | direction holds | "
-        "CI excludes 0 | rule |",
+        "| # | claim | comparison | paper | miniature [95 % CI] | seeds | p (t-test) | p (Holm) | holds | rule |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(rows.to_dict("records"), start=1):
         lines.append(
             f"| {i} | {r['claim']} | {r['comparison']} | {_number(r['paper'])} | {_number(r['miniature'])} "
-            f"{_interval(r)} | {_count(r['n_seeds'])} | {_p(r.get('p_value'))} | {_yes_no(r['direction_holds'])} "
-            f"| {_yes_no(r['ci_excludes_zero'])} | `{r['rule']}` |"
+            f"{_interval(r)} | {_count(r['n_seeds'])} | {_p(r['p_value'])} | {_p(r['p_holm'])} | {_yes_no(r['holds'])} "
+            f"| `{r['rule']}` |"
         )
     lines += ["", "## How to read it", "",
               f"- Interval: {CI_METHOD} (blank for one seed). Scores are the suite's aggregate in percent; gains are "
               "paired by seed (same seed = same data order); p is the two-sided t-test of the per-seed differences "
               "(paired by seed; against the teacher's or chance's fixed score where a row compares with one).",
+              "- Holds: yes only where the interval lies on the paper's side of 0 (a sign) or within the "
+              "equivalence margin (a null), no where it lies on the other side (or, for a null, excludes 0), "
+              f"— (inconclusive) otherwise; the sign rows' verdicts stand only where Holm's adjusted p over the "
+              f"{int((rows['verdict_rule'] == 'sign').sum())} sign rows is below {ALPHA:g}. The rules: "
+              "[docs/method.md §9](../docs/method.md).",
               "- The seed varies the data order and anything random in the arm; it does not vary the teacher, "
               "nor the warm start unless `claims.vary_warmstart` is set: see "
               "[docs/method.md §7, what a seed varies](../docs/method.md) and the README.",

@@ -1,4 +1,5 @@
-"""Statistics over seeds: mean, sample sd, Student's t interval, paired differences and tests.
+"""Statistics over seeds: mean, sample sd, Student's t interval, paired differences and tests,
+and Holm's correction over a family of tests.
 
 Every claim and results table is a handful of seeds (3 in the claims run), so the intervals are
 Student's t with n - 1 degrees of freedom, not a normal or a bootstrap approximation. A
@@ -12,11 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from lrc.errors import LRCError
 
 LEVEL = 0.95
+EQUIVALENCE_LEVEL = 0.90  # two one-sided tests at 5 % each: the 90 % interval inside the margin
 CI_METHOD = "Student's t, 95 %, n - 1 degrees of freedom over seeds"
 
 
@@ -103,6 +105,18 @@ def paired_t_pvalue(differences: Iterable[float]) -> float:
 
     t = m / (sd / math.sqrt(n))
     return float(2 * scipy_stats.t.sf(abs(t), n - 1))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given; NaN entries stay NaN and are not
+    counted in the family. Rejecting where the adjusted p is below alpha keeps the chance of any
+    false rejection in the family at most alpha."""
+    kept = sorted((float(p), i) for i, p in enumerate(p_values) if p is not None and not math.isnan(float(p)))
+    adjusted, running = [float("nan")] * len(p_values), 0.0
+    for rank, (p, i) in enumerate(kept):
+        running = max(running, min(1.0, (len(kept) - rank) * p))
+        adjusted[i] = running
+    return adjusted
 
 
 def per_seed_text(values: Mapping[int, float], digits: int = 4) -> str:
