@@ -57,6 +57,7 @@ RULE_SECTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
     "sft": (("sft", "train"),),
     "evaluate": (("evaluate",),),
     "audit": (("audit",),),
+    "probe": (("probe",),),
 }
 STAGES = tuple(RULE_SECTIONS)
 # Rules that run another rule's command on other paths, with that rule's flags and resources.
@@ -260,7 +261,7 @@ def jobs(settings: dict) -> list[Job]:
     out.append(Job("merge", {}))
     if sft_runs(settings):
         out.append(Job("sft", {}))
-    out += [Job("evaluate", {"name": "teacher"}), Job("audit", {})]
+    out += [Job("evaluate", {"name": "teacher"}), Job("audit", {}), Job("probe", {})]
     return out + ([Job("knockout_audit", {})] if settings.get("claims") else [])
 
 
