@@ -8,6 +8,7 @@ import math
 import pandas as pd
 import pytest
 
+from lrc import cli
 from lrc.analysis import tables
 from lrc.commands import aggregate, figure
 from lrc.errors import LRCError
@@ -210,3 +211,36 @@ def test_table1_rows_carry_t_intervals_per_seed_values_and_a_paired_gain(tmp_pat
     assert t.loc["core", "gain_over_slice"] == pytest.approx(20.0)
     assert math.isnan(t.loc["core", "gain_ci_low"]) and math.isnan(t.loc["core", "aggregate_ci_low"])
     assert math.isnan(t.loc["slice", "gain_p_value"]) and t.loc["slice", "n_seeds"] == 3
+
+
+def test_a_table_refuses_students_trained_with_other_settings_than_the_config_names(evals, tmp_path, capsys):
+    """--expect-settings (the workflow's table rules): every student's distill settings.json must
+    record the config's value of each flag; one run at another lr is named with the key."""
+    results = tmp_path / "results"
+    for run in ("lrc-slice-s0-t1000", "lrc-slice-s1-t1000", "lrc-dense-s0-t1000", "lrc-dense-s1-t1000",
+                "lrc-core-s0-t1000"):
+        lr = 0.001 if run == "lrc-dense-s1-t1000" else 0.003
+        (results / "tiny" / "distill" / run).mkdir(parents=True)
+        (results / "tiny" / "distill" / run / "settings.json").write_text(
+            json.dumps({"settings": {"lr": lr, "betas": [0.9, 0.95], "alpha": 0.2}}))
+    out = tmp_path / "table1.csv"
+
+    def table(expected):
+        return cli.main(["aggregate", "--table", "table1", "--inputs", *map(str, evals), "--expect-settings",
+                               json.dumps({"tiny": {"lrc": expected}}), "--out", str(out)])
+
+    # YAML reads 3e-3 as a string; the command line as 0.003: the same setting
+    assert table({"distill.train.lr": "3e-3", "distill.train.betas": [0.9, 0.95], "loss.lrc.alpha": 0.2}) == 2
+    err = capsys.readouterr().err
+    assert ("lrc-dense-s1-t1000 was trained with lr = 0.001, but experiments.tiny.distill.train.lr is '3e-3'" in err
+            and err.count("was trained with") == 1 and not out.exists())
+    (results / "tiny" / "distill" / "lrc-dense-s1-t1000" / "settings.json").write_text(
+        json.dumps({"settings": {"lr": 0.003, "betas": [0.9, 0.95], "alpha": 0.2}}))
+    assert table({"distill.train.lr": "3e-3", "distill.train.betas": [0.9, 0.95], "loss.lrc.alpha": 0.2}) == 0
+    assert table({"distill.train.betas": [0.9, 0.99]}) == 2  # lists element-wise
+    assert "betas = [0.9, 0.95], but experiments.tiny.distill.train.betas is [0.9, 0.99]" in capsys.readouterr().err
+    assert table({"distill.train.warmup": 0.1}) == 2  # a key the run did not record is named too
+    assert "records no 'warmup' (experiments.tiny.distill.train.warmup is 0.1)" in capsys.readouterr().err
+    (results / "tiny" / "distill" / "lrc-core-s0-t1000" / "settings.json").unlink()
+    assert table({"distill.train.lr": 0.003}) == 2
+    assert "lrc-core-s0-t1000: it has no settings.json" in capsys.readouterr().err

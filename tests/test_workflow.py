@@ -275,3 +275,16 @@ def test_end_to_end_chain_on_the_test_world(tmp_path):
     assert not (repo / core).exists()  # no partial output
     for stage in ["teacher", "svd", "warmstart/lrc"]:  # earlier results are kept
         assert (results / exp / stage / "settings.json").exists(), stage
+
+    # Snakemake forgets the flags of the slice and dense runs (trained at lr 0.003); with lr 0.002 it
+    # re-trains only core (its output is gone), and the table refuses to mix the two learning rates.
+    for arm in ("slice", "dense"):
+        forget = snakemake("--cleanup-metadata", f"results/{exp}/distill/lrc-{arm}-s0-t20000", cwd=repo)
+        assert forget.returncode == 0, forget.stderr
+    changed["experiments"][exp]["distill"]["train"]["lr"] = 0.002
+    (repo / "changed.yaml").write_text(yaml.safe_dump(changed))
+    mixed = snakemake("--cores", "2", "results/table1.csv", "--configfile", "changed.yaml", cwd=repo)
+    assert mixed.returncode != 0
+    log = (repo / "logs/aggregate/table1.log").read_text()
+    assert (f"lrc-slice-s0-t20000 was trained with lr = 0.003, but experiments.{exp}.distill.train.lr is 0.002"
+            in log and "lrc-dense-s0-t20000 was trained with lr = 0.003" in log and "lrc-core" not in log), log

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Sequence
 
+from lrc.analysis.run_settings import check_settings
 from lrc.analysis.tables import audit_table, load_evaluations, results_table, write_csv
 from lrc.errors import LRCError
 from lrc.options import parse_args
@@ -22,6 +23,9 @@ class AggregateArgs:
     inputs: list[Path] = field(metadata={
         "help": "results/{exp}/eval/*.json files (audit: results/{exp}/audit.csv files)"})
     out: Path = field(metadata={"help": "CSV file to write", "output": "file"})
+    expect_settings: str | None = field(default=None, metadata={
+        "help": "JSON experiment -> recipe -> {config key: value}: refuse students whose distill settings.json "
+                "records another value (the workflow's table rules pass their config's flags)"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -31,7 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.table == "audit":
         frame = audit_table(args.inputs)
     else:
-        frame = results_table(load_evaluations(args.inputs), sft=(args.table == "sft"))
+        records = load_evaluations(args.inputs)
+        if args.expect_settings is not None:
+            check_settings(records, args.expect_settings)
+        frame = results_table(records, sft=(args.table == "sft"))
     write_csv(frame, args.out)
     print(frame.to_string(index=False))
     return 0

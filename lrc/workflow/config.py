@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from lrc.errors import LRCError
-from lrc.names import parse_run_name, run_name
+from lrc.names import RECIPES, parse_run_name, run_name
 from lrc.options import read_yaml
 from lrc.workflow.claims import all_claim_runs, claims_problems
 from lrc.workflow.option_checks import build_problem, command_args_class, name_positionals, width_problems
@@ -149,6 +149,14 @@ def built_options(settings: dict, exp: str, rule: str, wildcards: dict[str, str]
     if rule == "evaluate":
         return evaluate_options(world, world_dir)
     return {}
+
+
+def expected_run_settings(settings: dict) -> dict[str, dict[str, Any]]:
+    """recipe -> {dotted config key: value}: the flags every distillation of that recipe is given
+    (`lrc aggregate --expect-settings` compares them with what each run recorded)."""
+    return {recipe: {f"{dotted}.{key}": value for dotted, flags in flag_sections(settings, "distill", recipe=recipe)
+                     for key, value in flags.items() if value is not None}
+            for recipe in RECIPES}
 
 
 def rule_flags(settings: dict, rule: str, **wildcards: str) -> str:

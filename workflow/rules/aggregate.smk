@@ -6,6 +6,8 @@ rule table1:
         table1_inputs,
     output:
         report("results/table1.csv", caption="../report/table1.rst", category="Tables"),
+    params:
+        expect=expected_settings,
     log:
         "logs/aggregate/table1.log",
     benchmark:
@@ -13,7 +15,7 @@ rule table1:
     conda:
         "../envs/lrc.yaml"
     shell:
-        "lrc aggregate --table table1 --inputs {input} --out {output} > {log} 2>&1"
+        "lrc aggregate --table table1 --inputs {input} --expect-settings {params.expect} --out {output} > {log} 2>&1"
 
 
 rule table_sft:
@@ -21,6 +23,8 @@ rule table_sft:
         sft_inputs,
     output:
         report("results/table_sft.csv", caption="../report/table_sft.rst", category="Tables"),
+    params:
+        expect=expected_settings,
     log:
         "logs/aggregate/table_sft.log",
     benchmark:
@@ -28,7 +32,7 @@ rule table_sft:
     conda:
         "../envs/lrc.yaml"
     shell:
-        "lrc aggregate --table sft --inputs {input} --out {output} > {log} 2>&1"
+        "lrc aggregate --table sft --inputs {input} --expect-settings {params.expect} --out {output} > {log} 2>&1"
 
 
 rule controls:
@@ -36,6 +40,8 @@ rule controls:
         controls_inputs,
     output:
         report("results/controls.csv", caption="../report/controls.rst", category="Tables"),
+    params:
+        expect=expected_settings,
     log:
         "logs/aggregate/controls.log",
     benchmark:
@@ -43,7 +49,7 @@ rule controls:
     conda:
         "../envs/lrc.yaml"
     shell:
-        "lrc aggregate --table controls --inputs {input} --out {output} > {log} 2>&1"
+        "lrc aggregate --table controls --inputs {input} --expect-settings {params.expect} --out {output} > {log} 2>&1"
 
 
 rule audit_table:

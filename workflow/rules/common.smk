@@ -2,6 +2,7 @@
 # resources, what a config asks for, and the input functions. The logic lives in lrc (names:
 # lrc.names; config sections -> flags and the checks before any job runs: lrc.workflow.config).
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -119,6 +120,11 @@ def runs(exp, arms=None):
 
 def sft_runs(exp):
     return wc.sft_runs(settings(exp))
+
+
+def expected_settings(wildcards=None):
+    """What every distillation of each experiment was given, for `lrc aggregate --expect-settings`."""
+    return shlex.quote(json.dumps({exp: wc.expected_run_settings(settings(exp)) for exp in EXPS}, sort_keys=True))
 
 
 def table1_inputs(wildcards=None):
