@@ -1,20 +1,18 @@
 """Typed command options: keyword-only dataclasses parsed from flags or a YAML file.
 
-Every command describes its options as a dataclass; :func:`parse_args` turns
-``--field-name value`` flags (and ``--config FILE.yaml``) into it, and :func:`check_choice`
-is the one check of a value against its allowed choices. This module is the bottom layer of
-the package (it imports nothing from it but the error type), so the method, the loop and
-the commands can all use it without importing the command line.
+Every command describes its options as a dataclass; :func:`parse_args` turns ``--field-name
+value`` flags (and ``--config FILE.yaml``) into it; :func:`check_choice` checks a value against
+its choices. The bottom layer of the package (it imports nothing from it but the error type).
 
-It also guards output directories: a field declared with ``metadata={"output": "dir"}`` (a
-directory the command replaces whole, through :func:`lrc.io.atomic.atomic_dir`) or
-``{"output": "file"}`` is checked here, before the command does any work, by
-:func:`check_replaceable` (see "Outputs" below).
+It also guards outputs: a field declared with ``metadata={"output": "dir"}`` (a directory the
+command replaces whole, through :func:`lrc.io.atomic.atomic_dir`) or ``{"output": "file"}`` is
+checked here, before the command does any work: a writable place, and :func:`check_replaceable`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import contextvars
 import dataclasses
 import os
@@ -377,6 +375,7 @@ def check_outputs(fields: dict[str, dataclasses.Field], values: dict[str, Any], 
         if kind not in (None, "dir", "file"):
             raise TypeError(f"{name}: output kind {kind!r} is neither 'dir' nor 'file'")
         for i, path in enumerate(paths[option] if kind else []):
+            _check_writable(option, path)
             if kind == "file":
                 if path.is_dir():
                     raise LRCError(f"{option} {path}: is a directory; {option} names a file to write")
@@ -397,6 +396,15 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
+def _check_writable(option: str, path: Path) -> None:
+    """A read-only place is refused now, not after the work: the nearest existing folder above ``path``."""
+    folder = Path(os.path.abspath(path)).parent
+    while not folder.exists():
+        folder = folder.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise LRCError(f"{option} {path}: cannot write there: {folder} is not writable")
+
+
 def _path_values(value: Any) -> list[Path]:
     """The paths an option's value names: a Path, a text naming an existing file or directory, or a list of them."""
     if isinstance(value, (list, tuple)):
@@ -411,10 +419,8 @@ def _path_values(value: Any) -> list[Path]:
 def _forms(path: Path) -> set[Path]:
     """``path`` made absolute as written (``a/link/..`` is ``a``) and with its links resolved."""
     forms = {Path(os.path.abspath(path))}
-    try:
+    with contextlib.suppress(OSError, RuntimeError):  # a link loop: the written form alone
         forms.add(path.resolve())
-    except (OSError, RuntimeError):  # a link loop: the written form alone
-        pass
     return forms
 
 

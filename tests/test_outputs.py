@@ -11,6 +11,7 @@ or a directory holding one of the command's own inputs.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -275,6 +276,35 @@ def test_atomic_dir_refuses_the_working_directory_and_leaves_nothing(workdir, gi
         with atomic_dir(given):
             pytest.fail("the body must not run")
     assert tree(workdir.parents[1]) == before
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """A directory no write can enter: chmod for a user; for root (who ignores modes) a read-only
+    bind mount of it, or a skip where root may not mount."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    mounted = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True).returncode == 0
+    if not mounted or subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], capture_output=True).returncode:
+        if mounted:
+            subprocess.run(["umount", str(folder)])
+        pytest.skip("running as root without the right to mount: no read-only directory to test with")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("out", ["world", "deeper/world"])
+def test_a_read_only_place_is_refused_before_any_work(read_only, capsys, out):
+    code, err = run(world(read_only / out), capsys)
+    assert code == 2 and f"--out {read_only / out}: cannot write there: {read_only} is not writable" in err, err
+    code, err = run(["probe", "--teacher", "no-such-teacher", "--data", "no-such-data", "--student-hidden", "4",
+                     "--out", str(read_only / "probe.csv")], capsys)
+    assert code == 2 and f"{read_only} is not writable" in err and "no-such" not in err, err
 
 
 def test_atomic_file_refuses_a_directory(tmp_path):
