@@ -7,6 +7,7 @@ removes. An output directory replaces only a directory that lrc wrote (see :func
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -17,6 +18,46 @@ from typing import Any, Iterator
 
 from lrc.errors import LRCError
 from lrc.options import OUTPUT_MARKER, check_replaceable, current_command, marker_text
+
+
+# How writers say it: Python (ENOSPC), safetensors ("os error 28"), torch.save (its zip writer's
+# "enforce fail at inline_container.cc" or "basic_ios::clear: iostream error"), none naming the path.
+DISK_FULL_SIGNS = ("No space left on device", "os error 28", "inline_container.cc", "iostream error")
+NEARLY_FULL = 256 * 2**20  # bytes: below this, a writer's words alone are taken for a full disk
+
+
+def _existing_folder(path: str | os.PathLike) -> Path:
+    folder = Path(os.path.abspath(path))
+    while not folder.exists():
+        folder = folder.parent
+    return folder
+
+
+class DiskFullError(LRCError):
+    """A write ran out of disk space: names the output being written and the space left."""
+
+    def __init__(self, path: str | os.PathLike, cause: str):
+        self.cause = cause
+        folder = _existing_folder(path)
+        super().__init__(f"no space left to write {path}: {shutil.disk_usage(folder).free / 2**20:.1f} MiB free "
+                         f"on the disk holding {folder} ({cause}); free some space or write elsewhere, then run "
+                         "again (earlier outputs and checkpoints are kept)")
+
+
+@contextmanager
+def disk_errors_named(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raise a write that ran out of disk space as a :class:`DiskFullError` naming ``path`` (an
+    inner one, naming a temporary inside ``path``, is re-raised naming ``path``)."""
+    try:
+        yield
+    except DiskFullError as err:
+        raise DiskFullError(path, err.cause) from err.__cause__
+    except (OSError, RuntimeError) as err:
+        said = any(sign in str(err) for sign in DISK_FULL_SIGNS)
+        if getattr(err, "errno", None) != errno.ENOSPC and not (
+                said and shutil.disk_usage(_existing_folder(path)).free <= NEARLY_FULL):
+            raise
+        raise DiskFullError(path, f"{type(err).__name__}: {str(err).strip()[:200]}") from err
 
 
 @contextmanager
@@ -32,7 +73,8 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.tmp{path.suffix}")
     try:
-        yield tmp
+        with disk_errors_named(path):
+            yield tmp
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -71,8 +113,9 @@ def atomic_dir(final: str | os.PathLike, *, command: str | None = None) -> Itera
     tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
-        yield tmp
-        (tmp / OUTPUT_MARKER).write_text(marker_text(command or current_command()))
+        with disk_errors_named(given):
+            yield tmp
+            (tmp / OUTPUT_MARKER).write_text(marker_text(command or current_command()))
         check_replaceable(final)  # a directory may have appeared there while the body ran
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -15,8 +15,8 @@ Layout of a checkpoint directory (``TrainArgs.ckpt_dir``)::
 
 Decisions, and why:
 
-- **Atomic step directories.** A step directory is written as ``.tmp-step-000040`` and
-  renamed when complete, so a kill leaves at most a ``.tmp-*`` that the next run removes.
+- **Atomic step directories.** Written as ``.tmp-step-000040``, renamed when complete: a kill or a
+  full disk (an error naming the directory) leaves at most a ``.tmp-*`` that the next run removes.
 - **Two kept, each verified before use.** A file can still be damaged after the rename (a
   full disk, a copy, a bad sector). Before resuming, the newest checkpoint's files are
   checked: the trainer state parses, ``trainable.safetensors`` holds exactly the model's
@@ -49,9 +49,8 @@ Decisions, and why:
   final-only checkpoint is never trained on: the run fingerprint fixes the step count, so it
   is only ever resumed as the final step. Retention runs after DONE (and again on a rerun
   that finds the run done): a kill before DONE leaves the two full checkpoints.
-- **Metrics stay here.** ``metrics.jsonl`` is appended in this directory and truncated to
-  the resumed step; :func:`lrc.training.loop.train` returns its path and each command copies it
-  once into its own atomic output directory (:func:`copy_metrics`).
+- **Metrics stay here.** ``metrics.jsonl`` is appended here and truncated to the resumed step;
+  each command copies it once into its own atomic output directory (:func:`copy_metrics`).
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from lrc.errors import LRCError
-from lrc.io.atomic import write_json_atomic, write_text_atomic
+from lrc.io.atomic import disk_errors_named, write_json_atomic, write_text_atomic
 from lrc.io.hf import trainable_parameters
 from lrc.training import integrity
 from lrc.training.integrity import TRAINER_STATE_FILE, DamagedCheckpoint, warn  # (their old home is here)
@@ -243,12 +242,13 @@ def save_checkpoint(accelerator, bare: torch.nn.Module, ckpt_dir: Path, step: in
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()  # every process writes its RNG state into tmp
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()  # ... and has finished before tmp is renamed
-    if accelerator.is_main_process:
-        if not fsdp:
+    with disk_errors_named(tmp):  # a full disk: an error naming tmp, not torch's "enforce fail"
+        accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()  # ... and has finished before tmp is renamed
+        if accelerator.is_main_process and not fsdp:
             tensors = {n: p.detach().to("cpu").contiguous() for n, p in trainable_parameters(bare)}
             save_file(tensors, str(tmp / TRAINABLE_FILE))
+    if accelerator.is_main_process:
         before = [p for p in list_checkpoints(ckpt_dir) if _step_of(p) < step]  # resumed from, or saved last
         write_json_atomic(tmp / TRAINER_STATE_FILE, {"step": step, "data_position": step, "fingerprint": fingerprint}
                           | integrity.record(tmp, before[-1] if before else None))
