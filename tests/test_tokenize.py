@@ -412,3 +412,32 @@ def test_stdlib_docs_corpus_is_deterministic_and_split_by_document_name(tmp_path
     assert (valid["python"] == sys.version.split()[0] and len(valid["text_sha256"]) == 64
             and valid["license"].startswith("PSF"))
     assert valid["corpus_documents"] == len(names)
+
+
+def test_text_pieces_cut_before_spaces_and_join_back():
+    from lrc.commands.tokenize import text_pieces
+
+    text = " ".join(DOCS)
+    pieces = text_pieces(text, size=100)
+    assert "".join(pieces) == text and all(len(p) <= 100 for p in pieces) and len(pieces) > 50
+    assert all(p.startswith(" ") for p in pieces[1:])  # each cut just before a space
+    assert text_pieces("x" * 250, size=100) == ["x" * 100, "x" * 100, "x" * 50]  # no space: cut anyway
+
+
+def test_a_document_longer_than_a_piece_gives_the_ids_of_the_whole(tmp_path, tok, tok_dir):
+    """Over PIECE_CHARS a document is tokenised piece by piece (bounded memory); on a byte-level BPE
+    tokenizer the ids are those of one call on the whole text."""
+    from lrc.commands.tokenize import PIECE_CHARS
+
+    long_doc = " ".join(DOCS[i % len(DOCS)] for i in range(PIECE_CHARS // 60 + 1000))
+    assert len(long_doc) > PIECE_CHARS
+    source = tmp_path / "long.jsonl"
+    source.write_text(json.dumps({"text": long_doc}) + "\n")
+    valid = tmp_path / "valid.jsonl"
+    valid.write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS[:20]))
+    written = tokenize(TokenizeArgs(tokenizer=str(tok_dir), source=str(source), valid_source=str(valid),
+                                    out=tmp_path / "tok", seq_len=64))
+    train = TokenDataset(written["train"])
+    ids = torch.cat([train[i]["input_ids"] for i in range(len(train))]).tolist()
+    whole = [tok.eos_token_id] + tok(long_doc, add_special_tokens=False)["input_ids"] + [tok.bos_token_id]
+    assert ids == whole[:len(ids)] and len(whole) - len(ids) < 64

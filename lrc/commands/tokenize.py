@@ -248,10 +248,29 @@ def _documents(spec: SourceSpec, tokenizer: Any, *, masked_chat: bool, separator
             yield *chat_ids(tokenizer, _messages(record, spec)), None
         return
     for batch in _batched(_texts(records, spec, tokenizer), 256):
-        # Batched calls let the fast tokenizer use its own threads.
         names, texts = zip(*batch)
-        for name, ids in zip(names, tokenizer(list(texts), add_special_tokens=False)["input_ids"]):
-            yield separator.wrap(ids), None, name
+        if sum(map(len, texts)) <= PIECE_CHARS:  # one call: the fast tokenizer uses its own threads
+            for name, ids in zip(names, tokenizer(list(texts), add_special_tokens=False)["input_ids"]):
+                yield separator.wrap(ids), None, name
+            continue
+        for name, text in batch:  # a long text in pieces: one call on a 20 MB line took 4 GB
+            yield separator.wrap([i for piece in text_pieces(text)
+                                  for i in tokenizer(piece, add_special_tokens=False)["input_ids"]]), None, name
+
+
+PIECE_CHARS = 1 << 20
+
+
+def text_pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
+    """``text`` cut into pieces of at most ``size`` characters, each cut just before a space where the
+    second half of the piece has one (a byte-level BPE tokenizer then gives the ids of the whole)."""
+    pieces, start = [], 0
+    while len(text) - start > size:
+        cut = text.rfind(" ", start + size // 2, start + size)
+        cut = cut if cut > start else start + size
+        pieces.append(text[start:cut])
+        start = cut
+    return pieces + [text[start:]]
 
 
 def _texts(records: Iterable[dict], spec: SourceSpec, tokenizer: Any) -> Iterator[tuple[str | None, str]]:
