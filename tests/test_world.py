@@ -119,6 +119,8 @@ def test_tokenizer_and_teacher_config_agree(world):
 def test_bad_sizes_are_named(tmp_path):
     with pytest.raises(LRCError, match="--people must be at least 5"):
         main(["--out", str(tmp_path / "w"), "--size", "test", "--people", "3"])
+    with pytest.raises(LRCError, match="--cities must be at least 4"):
+        main(["--out", str(tmp_path / "w"), "--size", "test", "--cities", "2"])
     with pytest.raises(LRCError, match="rho below 2.67"):
         main(["--out", str(tmp_path / "w"), "--size", "test", "--intermediate-size", "64"])
     assert not (tmp_path / "w").exists()

@@ -43,6 +43,8 @@ class WorldArgs:
                 raise LRCError(f"--{key.replace('_', '-')} must be positive, got {value}")
         if size.people < 5:
             raise LRCError(f"--people must be at least 5 (four-way questions about friends), got {size.people}")
+        if size.cities < 4:
+            raise LRCError(f"--cities must be at least 4 (four-way questions about a person's city), got {size.cities}")
         return size
 
     def teacher_sizes(self) -> dict[str, int]:
