@@ -254,3 +254,29 @@ def test_the_slowest_process_optimiser_time_is_logged_beside_process_0s(tmp_path
     assert record["optimizer_cpu_s_per_step"] < 0.05 <= 0.2 <= record["optimizer_cpu_s_per_step_max"]
     assert record["cpu_s_per_step_max"] >= record["optimizer_cpu_s_per_step_max"]
     assert record["optimizer_s_per_step_max"] >= 0.2
+
+
+class _StopAt:
+    """A StepLog hook that stops the run after ``step`` (an interruption, as a kill would be)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def begin(self, ckpt_dir, *, start_step, steps, tokens_per_step):
+        pass
+
+    def after_step(self, done_step):
+        if done_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_a_resumed_run_says_where_it_resumed_and_how_much_it_trained(tmp_path, capsys):
+    model = tiny_llama()
+    args = quiet(tokens=SEQ * 8 * 4, batch_size=8, lr=1e-3, checkpoint_every=2)
+    with pytest.raises(KeyboardInterrupt):
+        train(LMObjective(model), model, RandomTokens(rows=16), args, tmp_path / "out", hook=_StopAt(3))
+    capsys.readouterr()
+    train(LMObjective(model), model, RandomTokens(rows=16), args, tmp_path / "out")
+    out = capsys.readouterr().out
+    assert f"resuming from {tmp_path / 'out.ckpt' / 'step-000002'}: step 2 of 4" in out, out
+    assert f"trained {SEQ * 8 * 4:,} tokens in 4 steps (2 of them here, resumed at step 2)" in out, out

@@ -371,7 +371,8 @@ def finish(run: Run, log: StepLog, start_step: int, resumed_from: str | None) ->
         ckpt.write_done(run.ckpt_dir, run.steps, summary)
         ckpt.retain_finished(run.ckpt_dir, run.args.keep_checkpoints, sharded=run.fsdp)
     acc.wait_for_everyone()
-    acc.print(f"trained {summary['tokens']:,} tokens in {run.steps} steps; peak memory "
+    done_here = "" if start_step == 0 else f" ({trained} of them here, resumed at step {start_step})"
+    acc.print(f"trained {summary['tokens']:,} tokens in {run.steps} steps{done_here}; peak memory "
               f"{summary['peak_memory_mib']:.0f} MiB")
     return summary
 
@@ -396,6 +397,8 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
             run.accelerator.print(f"training already finished ({ckpt_dir}); reusing its final state")
             summary = done["summary"] | extra | {"already_done": True}
         else:
+            if resumed_from is not None:
+                run.accelerator.print(f"resuming from {resumed_from}: step {start_step} of {run.steps}")
             divergence = DivergenceGuard(factor=args.divergence_factor, steps=args.divergence_steps,
                                          warmup=args.divergence_warmup, device=run.device)
             log = StepLog(run.accelerator, ckpt_dir, steps=run.steps, start_step=start_step,
