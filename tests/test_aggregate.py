@@ -10,6 +10,7 @@ import pytest
 
 from lrc import cli
 from lrc.analysis import tables
+from lrc.analysis.figures import draw as tables_figure
 from lrc.commands import aggregate, figure
 from lrc.errors import LRCError
 
@@ -130,6 +131,13 @@ def test_token_efficiency_figure_writes_png_and_pdf(tmp_path):
     assert figure.main(["--table", str(table), "--out", str(png), str(pdf)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert pdf.read_bytes()[:5] == b"%PDF-"
+    # the chance floor (the tasks' chance 0.25: 25 %) is drawn and kept in view; each line names its seeds
+    frame = pd.read_csv(table)
+    assert (frame["chance"] == 25.0).all()
+    ax = tables_figure(frame).axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert "chance" in labels and "teacher" in labels and ax.get_ylim()[0] <= 20.0
+    assert "slice (lrc, n = 1)" in ax.get_legend_handles_labels()[1]
     with pytest.raises(LRCError, match="missing column"):
         (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
         figure.main(["--table", str(tmp_path / "bad.csv"), "--out", str(png)])
@@ -157,7 +165,7 @@ def test_heldout_gains_over_slice_beside_the_task_aggregate(evals, tmp_path):
     assert [c for c in columns if c in old] == old
     assert set(columns) - set(old) == {"perplexity_gain_over_slice", "kl_gain_over_slice", "suite", "aggregate_ci_low",
                                        "aggregate_ci_high", "aggregate_per_seed", "gain_ci_low", "gain_ci_high",
-                                       "gain_p_value"}
+                                       "gain_p_value", "chance"}
 
 
 def test_heldout_only_evaluations_under_hand_given_names(tmp_path):

@@ -2,7 +2,8 @@
 
 Drawn from a results table (``results/table1.csv``, see :mod:`lrc.commands.aggregate`): one panel per
 experiment, one line per recipe and arm over the token budgets (log scale), the teacher as a
-dashed reference line, and seeds' spread as error bars when there are several.
+dashed reference line, the suite's chance level as a floor kept in view, each line's number of seeds
+(n) in its label, and seeds' spread as error bars when there are several.
 :func:`draw_saturation` draws the saturation claim's figure (`lrc claims saturation
 --figure`): slice and the full-reach arm with their 95 % t bands over seeds.
 """
@@ -20,6 +21,7 @@ ARM_STYLE = {
     "slice": ("tab:gray", "o"),
     "dense": ("tab:blue", "s"),
     "core": ("tab:red", "D"),
+    "coreortho": ("tab:orange", "P"),
     "confined": ("tab:olive", "v"),
     "randcomp": ("tab:purple", "^"),
 }
@@ -41,13 +43,19 @@ def draw(table: pd.DataFrame):
             line = line.sort_values("tokens")
             color, marker = ARM_STYLE.get(arm, (None, "x"))
             spread = line["aggregate_sd"] if "aggregate_sd" in line else None
+            n = int(line["n_seeds"].min())
             ax.errorbar(
                 line["tokens"], line["aggregate"], yerr=spread, color=color, marker=marker,
-                linestyle="-" if recipe == "lrc" else "--", capsize=3, label=f"{arm} ({recipe})",
+                linestyle="-" if recipe == "lrc" else "--", capsize=3, label=f"{arm} ({recipe}, n = {n})",
             )
         teacher = rows[rows["arm"] == "teacher"]
         if len(teacher) and not math.isnan(teacher["aggregate"].iloc[0]):
             ax.axhline(teacher["aggregate"].iloc[0], color="black", linestyle=":", label="teacher")
+        chance = rows["chance"].dropna() if "chance" in rows else pd.Series(dtype=float)
+        if len(chance):  # lines near chance are not trends: show the floor, and keep it in view
+            ax.axhline(chance.iloc[0], color="gray", linestyle="-.", label="chance")
+            low, high = ax.get_ylim()
+            ax.set_ylim(min(low, chance.iloc[0] - 5), max(high, chance.iloc[0] + 5))
         _style_axes(ax, str(exp), f"{name} (%)")
     fig.tight_layout()
     return fig

@@ -108,6 +108,12 @@ def _task_columns(records: list[dict[str, Any]]) -> dict[str, str]:
     return {task: f"{task} ({metric})" for task, metric in metrics.items()}
 
 
+def _chance(record: dict[str, Any]) -> float:
+    """The suite's chance score in percent (the mean of its tasks'), NaN where a task does not know it."""
+    chances = [t.get("chance") for t in record["data"]["tasks"].values()]
+    return float("nan") if not chances or None in chances else 100.0 * sum(chances) / len(chances)
+
+
 def _percent(value: Any) -> float:
     return float("nan") if value is None else 100.0 * float(value)
 
@@ -159,6 +165,7 @@ def results_table(records: list[dict[str, Any]], *, sft: bool) -> pd.DataFrame:
         row["lm_eval_version"] = _one_or_all([e.get("version") for e in lm])
         for key in SETTINGS[1:]:
             row[key] = _one_or_all([e.get(key) for e in lm])
+        row["chance"] = mean([_chance(r) for r in group])
         rows.append(row)
 
     frame = pd.DataFrame(rows)
