@@ -83,6 +83,10 @@ def test_svd_and_merge_commands(tmp_path, capsys):
     check = json.loads((tmp_path / "merged" / "merge_check.json").read_text())
     assert check["passed"] and check["arm"] == "core"
     assert (tmp_path / "merged" / "settings.json").is_file()
+    # a model card: the teacher, the arm, the merge check and the command; no licence file to copy here
+    card = (tmp_path / "merged" / "README.md").read_text()
+    assert "arm `core`" in card and f"`{tmp_path / 'teacher'}`" in card and "max abs logit difference" in card
+    assert "holds no licence file: look up the teacher's licence" in card and "`lrc merge --state " in card
     ids = torch.randint(0, 97, (2, 16))
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
     assert (reloaded(input_ids=ids).logits - student(input_ids=ids).logits).abs().max() <= 1e-5
@@ -92,8 +96,15 @@ def test_svd_and_merge_commands(tmp_path, capsys):
     from lrc.io.tokens import write_tokens
 
     write_tokens(tmp_path / "tokens", np.arange(3 * 40).reshape(3, 40) % 97)
+    (tmp_path / "teacher" / "LICENSE").write_text("the teacher's licence\n")  # travels with the student
+    (tmp_path / "teacher" / "settings.json").write_text(json.dumps(
+        {"settings": {"repo_id": "org/teacher", "revision": "abc123"}}))
     assert lrc_main(common + ["--data", str(tmp_path / "tokens"), "--out", str(tmp_path / "merged2"),
                               "--check-len", "24"]) == 0
+    assert (tmp_path / "merged2" / "LICENSE").read_text() == "the teacher's licence\n"
+    card = (tmp_path / "merged2" / "README.md").read_text()
+    assert "base_model: org/teacher" in card and "at revision `abc123`" in card
+    assert "copied here from the teacher: LICENSE" in card
     assert json.loads((tmp_path / "merged2" / "merge_check.json").read_text())["check_batch_shape"] == [2, 24]
     write_tokens(tmp_path / "big", np.full((1, 8), 500))
     assert lrc_main(common + ["--data", str(tmp_path / "big"), "--out", str(tmp_path / "merged3")]) == 2

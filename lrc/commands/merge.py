@@ -16,6 +16,8 @@ when the max abs difference is within ``atol``; ``merge_check.json`` records the
 from __future__ import annotations
 
 import copy
+import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,11 +26,12 @@ from transformers.initialization import no_init_weights
 
 from lrc.errors import LRCError
 from lrc.io.atomic import atomic_dir, write_json_atomic
+from lrc.io.model_card import write_model_card
 from lrc.io.hf import load_causal_lm, load_teacher, save_causal_lm, tokenizer_if_any
 from lrc.io.provenance import write_settings
 from lrc.io.tokens import TokenDataset
 from lrc.method.spectral import load_bases
-from lrc.method.student import load_lrc_state
+from lrc.method.student import load_lrc_state, read_lrc_meta
 from lrc.options import parse_args
 
 MERGE_CHECK = "merge_check.json"
@@ -167,5 +170,7 @@ def main(argv=None) -> int:
     check = save_merged(student, args.out, tokenizer=tokenizer_if_any(args.teacher), check_ids=check_ids,
                         atol=args.atol)
     write_settings(args.out, "merge", args, merge_check=check)
+    write_model_card(args.out, teacher=args.teacher, state_meta=read_lrc_meta(args.state), check=check,
+                     command=shlex.join(["lrc", "merge", *(sys.argv[1:] if argv is None else argv)]))
     print(f"merged {check['arm']} student to {args.out}: max |logit diff| = {check['max_abs_diff']:.3g}")
     return 0

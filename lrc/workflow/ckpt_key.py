@@ -6,11 +6,12 @@ params and its inputs). The key hashes every param (the job's flags and any sett
 passes, such as the student width; the wildcards are in OUTPUT) and the *content* of each input:
 the SHA-256 of every file in it, by relative path, except the records that differ between two
 byte-identical builds (:data:`VOLATILE`: ``settings.json`` with its creation time, git revision
-and training speed; ``metrics.jsonl`` with its timings; a token directory's ``verified.json``
-stamp of mtimes; hidden files such as Snakemake's ``.snakemake_timestamp``). So a rebuilt input
-with the same bytes resumes the same checkpoint, and an input whose bytes changed (another
-teacher, corpus or warm start: also one that only another machine or library made different)
-starts afresh instead of resuming a checkpoint trained against other inputs.
+and training speed; ``metrics.jsonl`` with its timings; a merged student's model card ``README.md``,
+which names the code; a token directory's ``verified.json`` stamp of mtimes; hidden files such as
+Snakemake's ``.snakemake_timestamp``). So a rebuilt input with the same bytes resumes the same
+checkpoint, and an input whose bytes changed (another teacher, corpus or warm start: also one that
+only another machine or library made different) starts afresh instead of resuming a checkpoint
+trained against other inputs.
 
 Hashing reads every input file (about 1 GB/s), once: each file's hash is cached in
 ``checkpoints/.content-hashes.json`` under its path, size, mtime, ctime and inode, so a later job
@@ -27,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Sequence
 
-VOLATILE = frozenset({"settings.json", "metrics.jsonl", "verified.json"})
+VOLATILE = frozenset({"settings.json", "metrics.jsonl", "verified.json", "README.md"})
 CACHE_FILE = Path("checkpoints") / ".content-hashes.json"
 KEY_LENGTH = 12
 
