@@ -269,3 +269,26 @@ def test_a_sharded_safetensors_checkpoint_loads_and_a_truncated_shard_is_named(t
     _truncate(shards[-1])
     with pytest.raises(LRCError, match=str(shards[-1])):
         load_teacher(tmp_path / "sharded")
+
+
+def test_saved_configs_carry_rope_for_transformers_4_too(tmp_path):
+    """A Llama-3.2-shaped RoPE (theta 500000, llama3 scaling): transformers 5 writes it only as
+    rope_parameters, which 4.x ignores (theta 10000, no scaling: a wrong model). The saved config
+    carries rope_theta and rope_scaling too, and 5.x still reads exactly its own."""
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from lrc.io.hf import save_causal_lm
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=96, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, rope_parameters=rope))
+    save_causal_lm(model, tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert saved["rope_theta"] == 500000.0
+    assert saved["rope_scaling"] == {k: v for k, v in rope.items() if k != "rope_theta"}
+    assert AutoConfig.from_pretrained(tmp_path / "m").rope_parameters == rope
+    ids = torch.randint(0, 64, (1, 12))
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    assert torch.equal(reloaded(input_ids=ids).logits, model(input_ids=ids).logits)

@@ -183,10 +183,26 @@ def load_teacher(path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
 
 
 def save_causal_lm(model: nn.Module, directory: str | os.PathLike, tokenizer: Any = None) -> None:
-    """Write ``model`` (safetensors) and, when given, its tokenizer into ``directory``."""
+    """Write ``model`` (safetensors) and, when given, its tokenizer into ``directory``; its config
+    also carries RoPE under the keys transformers 4.x reads (:func:`add_legacy_rope_keys`)."""
     model.save_pretrained(directory, safe_serialization=True)
+    add_legacy_rope_keys(Path(directory) / "config.json")
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
+
+
+def add_legacy_rope_keys(config_file: Path) -> None:
+    """transformers 5 writes RoPE only as ``rope_parameters``; 4.x reads ``rope_theta`` and
+    ``rope_scaling`` and, without them, silently takes theta 10000 and no scaling (a wrong model for
+    Llama-3.x and Qwen2.5 in every tool still on 4.x). Both forms are written; 5.x reads its own."""
+    config = json.loads(config_file.read_text())
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" not in rope or "rope_theta" in config:
+        return
+    config["rope_theta"] = rope["rope_theta"]
+    if rope.get("rope_type", "default") != "default":
+        config["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def freeze_teacher(teacher: nn.Module) -> nn.Module:

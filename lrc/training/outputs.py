@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from lrc.io.atomic import atomic_dir
+from lrc.io.hf import save_causal_lm
 from lrc.io.provenance import is_main_process, write_settings
 from lrc.training.checkpoint import METRICS_FILE
 
@@ -22,9 +23,7 @@ def save_hf_output(model: torch.nn.Module, tokenizer: Any, out: Path, *, command
     if not is_main_process():
         return
     with atomic_dir(Path(out)) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+        save_causal_lm(model, tmp, tokenizer)
         copy_metrics(summary["metrics"], tmp)
         write_settings(tmp, command, settings, training=summary)
 
