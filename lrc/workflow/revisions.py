@@ -13,9 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from lrc.io.sources import BUILTIN_SOURCES, is_local_source
-
 COMMIT = re.compile(r"[0-9a-f]{40}")
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # owner/name; a local file has a suffix, a built-in source no owner
+LOCAL_SUFFIXES = (".jsonl", ".json", ".txt", ".parquet")
 
 
 def _floating(where: str, what: str, revision: object) -> list[str]:
@@ -25,8 +25,9 @@ def _floating(where: str, what: str, revision: object) -> list[str]:
     return [f"{where} {given}: {what} can change between two runs of this config; pin a commit hash"]
 
 
-def _is_hub(source: object) -> bool:
-    return isinstance(source, str) and source not in BUILTIN_SOURCES and not is_local_source(source)
+def _is_hub(source: object, workdir: Path) -> bool:
+    return (isinstance(source, str) and bool(HUB_ID.fullmatch(source)) and not source.endswith(LOCAL_SUFFIXES)
+            and not (workdir / source).exists())
 
 
 def _mixture_sources(mixture: str, workdir: Path, repo: Path) -> list[dict]:
@@ -50,12 +51,12 @@ def floating_revisions(config: dict, workdir: Path | str, repo: Path | str) -> l
                                   hub.get("revision"))
         for kind, section in (settings.get("data") or {}).items():
             section = section or {}
-            if _is_hub(section.get("source")):
+            if _is_hub(section.get("source"), workdir):
                 warnings += _floating(f"experiments.{exp}.data.{kind}.revision", f"the dataset {section['source']}",
                                       section.get("revision"))
             if section.get("mixture"):
                 for i, source in enumerate(_mixture_sources(section["mixture"], workdir, repo)):
-                    if _is_hub(source.get("source")):
+                    if _is_hub(source.get("source"), workdir):
                         warnings += _floating(f"{section['mixture']}: sources[{i}].revision",
                                               f"the dataset {source['source']}", source.get("revision"))
     return list(dict.fromkeys(warnings))
