@@ -11,13 +11,12 @@ tokens:
   trainable projections (gate ``W_g·P_g``, up ``W_u·P_u``, down ``P_dᵀ·W_d``; LRC's MLP) and
   written back by ``B`` (H × r). Every gate/up column lies in the teacher's column space.
 - **free error**: the same with gate, up and down free d_ff × r matrices (the dense arm's
-  reach), started from the fitted slice, so it can only do as well or better on the fitting
-  rows.
+  reach), started from the fitted slice.
 - **stranded**: ``(slice − free) / slice``, the share of the slice's residual that the free
   matrix removes: the capacity that the slice leaves stranded and that matters for this map.
 
 Both fits start from the PCA truncation (A, P_g, P_u: X's top-r directions; B, P_d: Y's) and run
-full-batch Adam with a cosine schedule; ``plateau`` is the relative drop of the fitting loss over
+full-batch Adam, warmed up, then cosine; ``plateau`` is the relative drop of the fitting loss over
 the last tenth of the steps (small: it has flattened). A fit, not an optimum: more steps can
 only lower both errors.
 """
