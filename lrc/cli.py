@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tasks": ("lrc.commands.tasks", "multiple-choice lm-eval tasks from held-out documents (offline)"),
     "evaluate": ("lrc.commands.evaluate",
                  "lm-eval suite (or none) plus held-out perplexity, KL to teacher, answer log-prob"),
+    "compare": ("lrc.commands.compare", "two evaluated models on the same lm-eval items: B − A per task, paired CI"),
     "probe": ("lrc.commands.probe", "capacity probe: per teacher MLP, the error of a width-r slice vs a free MLP"),
     "audit": ("lrc.commands.audit", "reachability audit: reachable dimensions per weight, occupancy, knockout"),
     "recover": ("lrc.commands.recover", "recover LRC factors from a merged LRC student (least squares)"),

@@ -17,6 +17,7 @@ from lrc.commands.evaluate import (
     load_suite,
     main,
     selected_tasks,
+    task_manager,
 )
 from lrc.errors import LRCError
 
@@ -83,7 +84,15 @@ def test_tiny_suite_end_to_end(world, checkpoint, heldout, tmp_path, monkeypatch
     elapsed = time.time() - start
     assert rc == 0 and elapsed < 60
     record = json.loads(out.read_text())
-    assert [p.name for p in out.parent.iterdir()] == ["model.json"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.json", "model.lm_eval"]
+    # lm-eval's own record beside the summary: its results and one per-document log per task.
+    records = out.parent / record["lm_eval_records"]
+    raw = json.loads((records / "results.json").read_text())
+    for name, entry in record["tasks"].items():
+        assert raw["results"][name][f"{entry['metric']},none"] == pytest.approx(entry["value"])
+        logged = [json.loads(line) for line in (records / f"samples_{name}.jsonl").read_text().splitlines()]
+        assert len(logged) == len((world / "tasks" / f"{name}.jsonl").read_text().splitlines())
+        assert sum(s[entry["metric"]] for s in logged) / len(logged) == pytest.approx(entry["value"])
     assert record["model"] == "rand" and record["suite"] == "tiny"
     suite = load_suite("tiny")["tasks"]
     assert set(record["tasks"]) == set(suite)
@@ -137,7 +146,7 @@ def test_paper_suite_builds_the_right_lm_eval_call(tmp_path):
     args = EvaluateArgs(model=str(tmp_path), out=tmp_path / "e.json", suite="paper", batch_size=32, limit=100)
     tasks = selected_tasks(load_suite("paper"), None)
     assert {k: v["metric"] for k, v in tasks.items()} == PAPER
-    call = lm_eval_call(args, tasks, None)
+    call = lm_eval_call(args, tasks, task_manager(args, None))
     assert call["tasks"] == list(PAPER) and call["num_fewshot"] == 0
     assert call["batch_size"] == 32 and call["limit"] == 100 and call["log_samples"]
     check_tasks_known(call["task_manager"], tasks)  # every name and metric is lm-eval's own
@@ -193,7 +202,13 @@ def test_paper_suite_without_network_names_the_task(checkpoint, tmp_path, monkey
     with pytest.raises(LRCError, match=r"lm-eval failed on suite 'paper' \(tasks boolq\).*needs the hub's datasets"):
         main([str(checkpoint), "--suite", "paper", "--tasks", "boolq", "--threads", "1",
               "--out", str(tmp_path / "e.json")])
-    assert not (tmp_path / "e.json").exists()
+    # Any task lm-eval knows, outside the paper's nine, is taken (here up to its dataset's download).
+    with pytest.raises(LRCError, match=r"suite 'lm-eval' \(tasks hellaswag\).*needs the hub's datasets"):
+        main([str(checkpoint), "--suite", "lm-eval", "--tasks", "hellaswag:acc_norm", "--threads", "1",
+              "--out", str(tmp_path / "e.json")])
+    with pytest.raises(LRCError, match=r"lm-eval has no task or group named 'hellaswog'"):
+        main([str(checkpoint), "--suite", "lm-eval", "--tasks", "hellaswog", "--out", str(tmp_path / "e.json")])
+    assert not (tmp_path / "e.json").exists() and not (tmp_path / "e.lm_eval").exists()
 
 
 def test_answer_kl_with_padding_matches_one_context_at_a_time(world):
@@ -363,3 +378,60 @@ def test_heldout_tasks_from_lrc_tasks_run_offline(world, checkpoint, heldout, tm
     assert (all(0 <= v <= 1 for v in values)
             and record["aggregate"] == {"name": "Avg", "value": pytest.approx(sum(values) / 2)})
     assert record["extra"]["perplexity"] > 1
+
+
+# ---- any lm-eval task, its records kept, two models compared item by item ---------------------
+
+
+@pytest.fixture(scope="module")
+def other_checkpoint(checkpoint, tmp_path_factory):
+    """The checkpoint with its weights moved a little: a second model to compare with."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    out = tmp_path_factory.mktemp("other") / "model"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(checkpoint)).save_pretrained(out)
+    return out
+
+
+@pytest.mark.slow
+def test_any_local_task_directory_through_include_path_and_a_paired_comparison(world, checkpoint, other_checkpoint,
+                                                                                tmp_path, capsys):
+    import pandas as pd
+
+    from lrc.cli import main as lrc
+    from lrc.commands.evaluate import prepare_include_dir
+
+    tasks = prepare_include_dir(world / "tasks", ["world_facts"], tmp_path / "mytasks")  # absolute data paths
+    common = ["--suite", "lm-eval", "--include-path", str(tasks), "--tasks", "world_facts", "--batch-size", "8",
+              "--threads", "1", "--model-args", "max_length=64"]
+    for name, model in (("a", checkpoint), ("b", other_checkpoint)):
+        assert lrc(["evaluate", str(model), *common, "--limit", "40", "--out", str(tmp_path / f"{name}.json")]) == 0
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    assert a["suite"] == "lm-eval" and a["tasks"]["world_facts"]["metric"] == "acc"
+    assert a["aggregate"]["name"] == "Avg" and a["tasks"]["world_facts"]["value"] != b["tasks"]["world_facts"]["value"]
+
+    capsys.readouterr()
+    assert lrc(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(tmp_path / "c.csv")]) == 0
+    row = pd.read_csv(tmp_path / "c.csv").iloc[0]
+    assert row["task"] == "world_facts" and row["items"] == 40
+    assert row["a"] == pytest.approx(a["tasks"]["world_facts"]["value"], abs=1e-4)
+    assert row["b"] == pytest.approx(b["tasks"]["world_facts"]["value"], abs=1e-4)
+    assert row["b_minus_a"] == pytest.approx(row["b"] - row["a"], abs=2e-4)
+    assert row["ci_low"] < row["b_minus_a"] < row["ci_high"] and 0 <= row["p"] <= 1
+    assert "world_facts" in capsys.readouterr().out
+
+    # Not the same items: refused, naming the task and the counts.
+    assert lrc(["evaluate", str(other_checkpoint), *common, "--limit", "20", "--out", str(tmp_path / "b20.json")]) == 0
+    capsys.readouterr()
+    assert lrc(["compare", str(tmp_path / "a.json"), str(tmp_path / "b20.json")]) != 0
+    assert re.search(r"task world_facts: .*a.json has 40 documents and .*b20.json 20", capsys.readouterr().err)
+    with pytest.raises(LRCError, match="batch_size are set by lrc evaluate's own options"):
+        main([str(checkpoint), *common[:-1], "batch_size=2", "--out", str(tmp_path / "x.json")])
+    with pytest.raises(LRCError, match="--suite lm-eval runs the tasks you name: give --tasks"):
+        EvaluateArgs(model="m", out=tmp_path / "x.json", suite="lm-eval")

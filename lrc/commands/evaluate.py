@@ -2,10 +2,12 @@
 
 The multiple-choice suite runs through lm-eval's Python API (``simple_evaluate`` on an
 ``HFLM`` wrapping the loaded model). The suites (:mod:`lrc.io.suites`): ``paper`` (the paper's
-nine zero-shot tasks with the metric METHOD.md names for each; needs the hub for the
+nine zero-shot tasks with the metric docs/method.md names for each; needs the hub for the
 datasets), ``tiny`` (the tiny world's local tasks), ``local`` (any local lm-eval task
-directory, e.g. the held-out tasks `lrc tasks` writes; offline) and ``none`` (no lm-eval
-run: the held-out measures only, offline, for any teacher). Besides the suite, cheap
+directory, e.g. the held-out tasks `lrc tasks` writes; offline), ``lm-eval`` (any task or group
+lm-eval knows, its own or in ``--include-path`` directories, named with ``--tasks``) and ``none``
+(no lm-eval run: the held-out measures only, offline, for any teacher). lm-eval's own results
+and per-document logs are kept beside the summary (:mod:`lrc.io.lm_eval_records`). Besides the suite, cheap
 continuous measures that move before accuracy does: perplexity on a held-out token directory,
 forward KL(teacher || model) on the same rows, the mean log-probability lm-eval gave the right
 answer, and (tiny suite) the KL to the
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +30,12 @@ import yaml
 from lrc.errors import LRCError
 from lrc.io.atomic import write_json_atomic
 from lrc.io.hf import has_tokenizer, load_causal_lm, load_tokenizer
+from lrc.io.lm_eval_records import records_dir, write_records
 from lrc.io.provenance import library_versions, provenance
 from lrc.io.suites import load_suite
 from lrc.io.tokens import TokenDataset, check_vocab, tokenizer_fingerprint
 from lrc.method.losses import kl_per_position, next_token_nll
-from lrc.options import parse_args
+from lrc.options import check_replaceable, parse_args
 
 
 @dataclass(kw_only=True)
@@ -40,12 +44,21 @@ class EvaluateArgs:
 
     model: str = field(metadata={"help": "HF checkpoint directory (safetensors) to evaluate", "positional": True})
     out: Path = field(metadata={"help": "evaluation JSON to write", "output": "file"})
-    suite: Literal["tiny", "paper", "local", "none"] = field(default="tiny", metadata={
-        "help": "task suite: tiny, paper (lrc/io/suites/<suite>.yaml), local (the lm-eval tasks in --tasks-dir), none "
-                "(held-out measures only)"})
+    suite: Literal["tiny", "paper", "local", "lm-eval", "none"] = field(default="tiny", metadata={
+        "help": "task suite: tiny, paper (lrc/io/suites/<suite>.yaml), local (the lm-eval tasks in --tasks-dir), "
+                "lm-eval (any lm-eval task or group named in --tasks), none (held-out measures only)"})
     tasks_dir: Path | None = field(default=None, metadata={
         "help": "tiny suite: the world's tasks/ directory; local suite: a directory of lm-eval task YAMLs"})
-    tasks: list[str] | None = field(default=None, metadata={"help": "evaluate only these tasks of the suite"})
+    tasks: list[str] | None = field(default=None, metadata={
+        "help": "evaluate only these tasks of the suite; suite lm-eval: the tasks or groups to run, each scored with "
+                "the first metric lm-eval lists for it or the one named as task:metric"})
+    include_path: list[Path] | None = field(default=None, metadata={
+        "help": "suite lm-eval: directories of task YAMLs added to lm-eval's own tasks (lm-eval's --include_path)"})
+    model_args: str | None = field(default=None, metadata={
+        "help": "more arguments of lm-eval's HF model, in its key=value,key=value form (e.g. max_length=4096)"})
+    lm_eval_out: Path | None = field(default=None, metadata={
+        "help": "directory for lm-eval's own results.json and per-document samples (default: --out's name with "
+                ".lm_eval for .json)", "output": "dir"})
     teacher: str | None = field(default=None, metadata={
         "help": "teacher checkpoint: KL on the held-out rows and at the answer position (tiny suite)"})
     heldout: Path | None = field(default=None, metadata={"help": "held-out token directory (perplexity, KL)"})
@@ -70,6 +83,13 @@ class EvaluateArgs:
             raise LRCError(f"--suite none runs no task; --tasks {self.tasks} asks for some")
         if self.suite == "none" and self.heldout is None:
             raise LRCError("--suite none measures only held-out rows: give --heldout (a token directory)")
+        if self.suite == "lm-eval" and not self.tasks:
+            raise LRCError("--suite lm-eval runs the tasks you name: give --tasks (lm-eval task or group names)")
+        if self.include_path and self.suite != "lm-eval":
+            raise LRCError(f"--include-path adds tasks to lm-eval's own (--suite lm-eval), not to suite {self.suite!r}")
+        if self.lm_eval_out is None:
+            self.lm_eval_out = records_dir(self.out)
+            check_replaceable(self.lm_eval_out, what="--lm-eval-out")
 
 
 # ---------------------------------------------------------------------------------------
@@ -78,6 +98,8 @@ class EvaluateArgs:
 
 def selected_tasks(suite: dict[str, Any], only: list[str] | None) -> dict[str, dict[str, Any]]:
     tasks = suite["tasks"]
+    if only and suite["name"] == "lm-eval":
+        only = [t.partition(":")[0] for t in only]
     if only:
         unknown = [t for t in only if t not in tasks]
         if unknown:
@@ -118,14 +140,39 @@ def prepare_include_dir(tasks_dir: Path, names: Sequence[str], into: Path, files
     return into
 
 
-def lm_eval_call(args: EvaluateArgs, tasks: dict[str, dict[str, Any]], include_dir: Path | None) -> dict[str, Any]:
-    """The keyword arguments for ``lm_eval.simple_evaluate`` (all but the model)."""
+def task_manager(args: EvaluateArgs, include_dir: Path | None) -> Any:
+    """lm-eval's task index: a local suite's YAMLs alone (skipping lm-eval's thousands of task files
+    saves most of the start-up time), or lm-eval's own tasks with the --include-path directories."""
     from lm_eval.tasks import TaskManager
 
-    # The tiny suite needs only its own YAMLs; skipping lm-eval's thousands of built-in
-    # task files saves most of the start-up time.
-    manager = (TaskManager(include_path=str(include_dir), include_defaults=False)
-               if include_dir is not None else TaskManager())
+    if include_dir is not None:
+        return TaskManager(include_path=str(include_dir), include_defaults=False)
+    for path in args.include_path or []:
+        if not path.is_dir():
+            raise LRCError(f"--include-path {path}: not a directory")
+    return TaskManager(include_path=[str(p.resolve()) for p in args.include_path] if args.include_path else None)
+
+
+def open_suite(names: Sequence[str], manager: Any) -> dict[str, Any]:
+    """Suite lm-eval: each named task or group (``name`` or ``name:metric``) with its metric, the first
+    lm-eval lists for it unless named; an average ("Avg") only where every metric is an accuracy."""
+    tasks = {}
+    for given in names:
+        name, _, metric = given.partition(":")
+        entry = manager.task_index.get(name)
+        if entry is None:
+            close = [t for t in manager.all_tasks if name.lower() in t.lower()][:8]
+            raise LRCError(f"--tasks {given}: lm-eval has no task or group named {name!r}"
+                           + (f" (similar: {', '.join(close)})" if close else ""))
+        cfg = entry.cfg or {}
+        listed = [m.get("metric") for m in (cfg.get("metric_list") or cfg.get("aggregate_metric_list") or [])]
+        tasks[name] = {"metric": metric or (listed[0] if listed else "acc")}
+    accuracies = all(t["metric"] in ("acc", "acc_norm") for t in tasks.values())
+    return {"name": "lm-eval", "aggregate": "Avg" if accuracies else None, "tasks": tasks}
+
+
+def lm_eval_call(args: EvaluateArgs, tasks: dict[str, dict[str, Any]], manager: Any) -> dict[str, Any]:
+    """The keyword arguments for ``lm_eval.simple_evaluate`` (all but the model)."""
     limit = args.limit
     if limit is not None and limit >= 1:
         limit = int(limit)
@@ -295,9 +342,22 @@ def heldout_rows(ds: TokenDataset, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 # The command
 
 
+def hf_model_args(text: str | None) -> dict[str, Any]:
+    """--model-args as lm-eval reads them (key=value pairs, comma-separated); the model, tokenizer,
+    device, batch size and remote code stay this command's."""
+    from lm_eval.utils import simple_parse_args_string
+
+    values = simple_parse_args_string(text) if text else {}
+    owned = sorted(set(values) & {"pretrained", "tokenizer", "device", "batch_size", "trust_remote_code"})
+    if owned:
+        raise LRCError(f"--model-args {text!r}: {', '.join(owned)} are set by lrc evaluate's own options")
+    return values
+
+
 def run_suite(args: EvaluateArgs, suite: dict[str, Any], tasks: dict[str, dict[str, Any]], model, tokenizer,
-              device: torch.device) -> tuple[dict[str, dict[str, Any]], list[str], int | float | None]:
-    """lm-eval on the chosen tasks: (task results, the tiny suite's question contexts, the limit used)."""
+              device: torch.device) -> tuple[dict[str, dict[str, Any]], list[str], int | float | None, dict]:
+    """lm-eval on the chosen tasks: (task results, the tiny suite's question contexts, the limit used,
+    lm-eval's own results with its samples)."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
@@ -305,10 +365,10 @@ def run_suite(args: EvaluateArgs, suite: dict[str, Any], tasks: dict[str, dict[s
     files = {name: suite["tasks"][name].get("file", f"{name}.yaml") for name in tasks}
     with tempfile.TemporaryDirectory(prefix="lrc-eval-") as tmp:
         include = prepare_include_dir(args.tasks_dir, list(tasks), Path(tmp), files) if local else None
-        call = lm_eval_call(args, tasks, include)
+        call = lm_eval_call(args, tasks, suite.get("manager") or task_manager(args, include))
         check_tasks_known(call["task_manager"], tasks)
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size, device=str(device),
-                  trust_remote_code=False)
+                  trust_remote_code=False, **hf_model_args(args.model_args))
         contexts = task_contexts(include, list(tasks), args.limit) if args.suite == "tiny" else []
         try:
             results = lm_eval.simple_evaluate(model=lm, **call)
@@ -316,16 +376,20 @@ def run_suite(args: EvaluateArgs, suite: dict[str, Any], tasks: dict[str, dict[s
             raise LRCError(f"lm-eval failed on suite {args.suite!r} (tasks {', '.join(tasks)}): "
                            f"{type(err).__name__}: {err}"
                            + (" -- the paper suite needs the hub's datasets (network, or a populated "
-                              "HF_DATASETS_CACHE)" if args.suite == "paper" else "")) from err
-    return read_lm_eval_results(results, tasks), contexts, call["limit"]
+                              "HF_DATASETS_CACHE)" if args.suite in ("paper", "lm-eval") else "")) from err
+    return read_lm_eval_results(results, tasks), contexts, call["limit"], results
 
 
-def evaluate(args: EvaluateArgs) -> dict[str, Any]:
-    """Run the evaluation and return the JSON record (without writing it)."""
+def evaluate(args: EvaluateArgs) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Run the evaluation: (the summary JSON record, lm-eval's own results or None), nothing written."""
     if args.threads:
         # On a shared CPU, fewer threads than torch's default avoid oversubscription stalls.
         torch.set_num_threads(args.threads)
-    suite = load_suite(args.suite, args.tasks_dir)
+    if args.suite == "lm-eval":
+        manager = task_manager(args, None)
+        suite = open_suite(args.tasks, manager) | {"manager": manager}
+    else:
+        suite = load_suite(args.suite, args.tasks_dir)
     tasks = selected_tasks(suite, args.tasks)
     device = resolve_device(args.device)
     model = load_model(args.model, device)
@@ -336,7 +400,8 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
     heldout = TokenDataset(args.heldout, expect_tokenizer=tokenizer) if args.heldout is not None else None
     if heldout is not None:
         check_vocab(heldout, model)
-    task_results, contexts, limit = run_suite(args, suite, tasks, model, tokenizer, device) if tasks else ({}, [], None)
+    task_results, contexts, limit, raw = (run_suite(args, suite, tasks, model, tokenizer, device) if tasks
+                                          else ({}, [], None, None))
     values = [t["value"] for t in task_results.values()]
     logprobs = [t["answer_logprob"] for t in task_results.values() if "answer_logprob" in t]
     extra: dict[str, Any] = {"answer_logprob": sum(logprobs) / len(logprobs) if logprobs else None}
@@ -349,7 +414,7 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
     if heldout is not None:
         rows, masks = heldout_rows(heldout, args.heldout_rows)
         extra.update(heldout_measures(model, rows, masks, teacher=teacher, batch_size=args.batch_size))
-    return {
+    summary = {
         "model": args.name or Path(args.model).resolve().name,
         "suite": args.suite,
         "tasks": task_results,
@@ -359,12 +424,16 @@ def evaluate(args: EvaluateArgs) -> dict[str, Any]:
         "lm_eval": {"version": library_versions()["lm_eval"],
                     "num_fewshot": args.num_fewshot, "batch_size": args.batch_size, "limit": limit},
         "settings": provenance("evaluate", args),
+        # lm-eval's own records: a directory of their own, named relative to the summary.
+        "lm_eval_records": os.path.relpath(args.lm_eval_out.resolve(), args.out.resolve().parent),
     }
+    return summary, raw
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(EvaluateArgs, argv, prog="lrc evaluate")
-    record = evaluate(args)
+    record, raw = evaluate(args)
+    write_records(raw, args.lm_eval_out)
     write_json_atomic(args.out, record)
     parts = [f"{k} {v['metric']} {v['value']:.3f}" for k, v in record["tasks"].items()]
     parts += [f"{k} {record['extra'][k]:.4f}" for k in ("perplexity", "kl_to_teacher") if k in record["extra"]]

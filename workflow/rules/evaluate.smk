@@ -3,7 +3,9 @@
 # `evaluate.suite`: paper (the hub's datasets), none (held-out perplexity and KL to the teacher
 # only; offline), or local: the lm-eval tasks in `evaluate.tasks_dir`, or, without one, the
 # multiple-choice tasks `lrc tasks` builds from the held-out corpus split (offline; see
-# builds_tasks in common.smk).
+# builds_tasks in common.smk); or lm-eval: any task lm-eval knows (`evaluate.tasks`, with
+# `evaluate.include_path` for task directories of your own). Beside each JSON, {name}.lm_eval/ keeps
+# lm-eval's own results and per-document logs (`lrc compare` pairs two models on them).
 
 
 rule heldout_tasks:
@@ -27,6 +29,7 @@ rule evaluate:
         unpack(eval_inputs),
     output:
         "results/{exp}/eval/{name}.json",
+        directory("results/{exp}/eval/{name}.lm_eval"),  # lm-eval's own results and per-document logs
     wildcard_constraints:
         name=EVAL_NAME,
     params:
@@ -45,4 +48,5 @@ rule evaluate:
         runtime=resource("evaluate", "runtime"),
     shell:
         "OMP_NUM_THREADS={threads} lrc evaluate --model {input.model} --teacher {input.teacher}"
-        " --heldout {input.data}/valid {params.tasks} --out {output} {params.flags} > {log} 2>&1"
+        " --heldout {input.data}/valid {params.tasks} --out {output[0]} --lm-eval-out {output[1]} {params.flags}"
+        " > {log} 2>&1"

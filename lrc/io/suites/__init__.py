@@ -18,7 +18,7 @@ import yaml
 
 from lrc.errors import LRCError
 
-SUITES = ("tiny", "paper", "local", "none")
+SUITES = ("tiny", "paper", "local", "none")  # and `lrc evaluate --suite lm-eval`: lm-eval's own index
 SUITE_FILE = "suite.yaml"  # a local task directory's own description (`lrc tasks` writes one)
 
 

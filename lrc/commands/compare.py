@@ -1,0 +1,59 @@
+"""`lrc compare`: two evaluated models on the same lm-eval items (:mod:`lrc.analysis.paired_items`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from lrc.analysis.paired_items import compare_table
+from lrc.analysis.stats import LEVEL
+from lrc.analysis.tables import write_csv
+from lrc.errors import LRCError
+from lrc.io.lm_eval_records import records_dir
+from lrc.options import parse_args
+
+
+@dataclass(kw_only=True)
+class CompareArgs:
+    """Compare two `lrc evaluate` results item by item: per task, B − A with its paired interval."""
+
+    a: Path = field(metadata={"help": "summary JSON of `lrc evaluate` for model A", "positional": True})
+    b: Path = field(metadata={"help": "summary JSON of `lrc evaluate` for model B", "positional": True})
+    out: Path | None = field(default=None, metadata={"help": "CSV file to write (default: print only)",
+                                                     "output": "file"})
+    level: float = field(default=LEVEL, metadata={"help": "confidence level of the interval"})
+
+    def __post_init__(self) -> None:
+        if not 0 < self.level < 1:
+            raise LRCError(f"--level must lie in (0, 1), got {self.level}")
+
+
+def evaluation(path: Path) -> tuple[str, Path, dict]:
+    """(model name, its lm-eval records directory, its tasks) from an `lrc evaluate` summary."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise LRCError(f"{path}: not an `lrc evaluate` summary JSON ({err})") from err
+    if not isinstance(summary, dict) or "tasks" not in summary:
+        raise LRCError(f"{path}: not an `lrc evaluate` summary JSON (no `tasks`)")
+    recorded = summary.get("lm_eval_records")
+    records = path.parent / recorded if recorded else records_dir(path)
+    if not records.is_dir():
+        raise LRCError(f"{path}: its lm-eval records {records} are missing (evaluations before lrc kept them "
+                       "must be run again)")
+    return str(summary.get("model") or path.stem), records, summary["tasks"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(CompareArgs, argv, prog="lrc compare")
+    a, b = evaluation(args.a), evaluation(args.b)
+    if a[0] == b[0]:
+        a, b = (str(args.a), *a[1:]), (str(args.b), *b[1:])
+    table = compare_table(a, b, args.level)
+    if args.out is not None:
+        write_csv(table, args.out)
+    print(f"A = {a[0]}, B = {b[0]}; {args.level:.0%} paired interval over items")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    return 0
