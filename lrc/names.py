@@ -8,6 +8,7 @@ recipe is one edit.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 # docs/method.md §3: plain LRC, the two full-reach arms, then the controls: `coreortho` is CORE's
 # other reading (orthonormal coordinates), `confined` and `randcomp` the subspace and basis controls.
@@ -50,3 +51,15 @@ def parse_run_name(name: str) -> dict | None:
         "recipe": m["recipe"], "arm": m["arm"], "seed": int(m["seed"]), "tokens": int(m["tokens"]),
         "sft": m["suffix"] == SFT_SUFFIX, "knockout": m["suffix"] == KNOCKOUT_SUFFIX,
     }
+
+
+def teacher_config_places(exp: str, teacher: dict, root: Path | str = ".") -> list[Path]:
+    """Where a (non-world) teacher's ``config.json`` can be read before any job runs, in order: the
+    imported or downloaded teacher, ``config/teachers/<exp>.json``, a local teacher's own directory
+    (``teacher.local.path``, relative to ``root`` unless absolute)."""
+    root = Path(root)
+    places = [root / "results" / exp / "teacher" / "config.json", root / "config" / "teachers" / f"{exp}.json"]
+    local = (teacher.get("local") or {}).get("path") if teacher.get("source") == "local" else None
+    if local:
+        places.append(root / local / "config.json")  # an absolute `local` stays itself under `/`
+    return places

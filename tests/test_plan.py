@@ -186,3 +186,19 @@ def test_missing_settings_and_bad_experiments_are_named(tmp_path):
         plan(PlanArgs(teacher_config=tmp_path / "t.json", micro_batch_size=1, seq_len=8))
     with pytest.raises(LRCError, match="--experiment 'nope'"):
         resolve(PlanArgs(workflow_config=ROOT / "config/paper/llama3.2-3b.yaml", experiment="nope"))
+
+
+def test_a_local_teachers_own_config_is_read(small_config, tmp_path, monkeypatch):
+    """A config whose teacher is a local directory needs no --teacher-config: its config.json is read
+    where it lies (a path relative to the working directory, as the workflow takes it)."""
+    teacher = tmp_path / "teachers" / "mine"
+    teacher.mkdir(parents=True)
+    (teacher / "config.json").write_text(Path(small_config).read_text())
+    config = {"experiments": {"mine": {"teacher": {"source": "local", "local": {"path": "teachers/mine"}},
+                                       "student": {"hidden_size": 64},
+                                       "data": {"corpus": {"seq_len": 32}},
+                                       "distill": {"train": {"micro_batch_size": 1, "batch_size": 2}}}}}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)
+    setting = resolve(PlanArgs(workflow_config=Path("mine.yaml")))
+    assert setting.teacher_config == Path("teachers/mine/config.json") and setting.micro_batches == 2

@@ -35,7 +35,7 @@ from lrc.io.atomic import write_json_atomic
 from lrc.io.hf import load_model_config
 from lrc.method.fused_loss import LOSS_IMPLS
 from lrc.method.reach import CORE_IMPLS
-from lrc.names import ARMS, MAIN_ARMS
+from lrc.names import ARMS, MAIN_ARMS, teacher_config_places
 from lrc.options import check_choice, parse_args
 from lrc.training.memory import CATEGORIES, StepSpec, trace_step
 
@@ -141,8 +141,7 @@ def _from_config(args: PlanArgs) -> dict:
         return {}
     name, exp = _experiment(args)
     train = _dig(exp, "distill", "train") or {}
-    teacher = next((p for p in (Path("results") / name / "teacher" / "config.json",
-                                Path("config") / "teachers" / f"{name}.json") if p.is_file()), None)
+    teacher = next((p for p in teacher_config_places(name, exp.get("teacher") or {}) if p.is_file()), None)
     precision = train.get("precision")
     accelerate = str(_dig(exp, "resources", "distill", "accelerate") or "")
     return {

@@ -26,6 +26,7 @@ from typing import Any
 
 from lrc.cli import COMMANDS
 from lrc.errors import LRCError
+from lrc.names import teacher_config_places
 
 # Training rules: (config section, resources stage, command, the budgets' source).
 TRAINING = (("teacher.pretrain", "pretrain", "pretrain"), ("warmstart", "warmstart", "warmstart"),
@@ -80,11 +81,7 @@ def known_teacher_config(exp: str, settings: dict, workdir: Path | str,
         library = inspect.getmodule(module.generate)
         limit = getattr(library, "MAX_POSITIONS", None)
         return {"model_type": "llama", **sizes, "max_position_embeddings": limit}, "the world's teacher preset"
-    candidates = [root / "results" / exp / "teacher" / "config.json", root / "config" / "teachers" / f"{exp}.json"]
-    path = (settings["teacher"].get("local") or {}).get("path") if source == "local" else None
-    if path:
-        candidates.append(Path(path) / "config.json" if Path(path).is_absolute() else root / path / "config.json")
-    for file in candidates:
+    for file in teacher_config_places(exp, settings["teacher"], root):
         if file.is_file():
             return _read_config(file), str(file)
     return None
