@@ -46,6 +46,10 @@ def test_merge_round_trip_every_arm(teacher, token_batch, tmp_path):
         assert reloaded.config.rms_norm_eps == teacher.config.rms_norm_eps
         assert reloaded.config.hidden_size == 16 and reloaded.config.head_dim == 8
         assert json.loads((out / "merge_check.json").read_text())["max_abs_diff"] == check["max_abs_diff"]
+        # transformers' generate (KV cache) on the saved model continues as the student does
+        generation = check["generation"]
+        assert generation["passed"] and generation["merged"] == generation["student"]
+        assert len(generation["student"]) == 8 and check["saved_dtype"] == "fp32"
         # the training student is untouched
         after = student.state_dict()
         assert all(torch.equal(before[k], after[k]) for k in before)
@@ -86,6 +90,7 @@ def test_svd_and_merge_commands(tmp_path, capsys):
     # a model card: the teacher, the arm, the merge check and the command; no licence file to copy here
     card = (tmp_path / "merged" / "README.md").read_text()
     assert "arm `core`" in card and f"`{tmp_path / 'teacher'}`" in card and "max abs logit difference" in card
+    assert "greedy `generate` continues as the student (yes)" in card and "| weights | fp32 |" in card
     assert "holds no licence file: look up the teacher's licence" in card and "`lrc merge --state " in card
     ids = torch.randint(0, 97, (2, 16))
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
@@ -112,3 +117,39 @@ def test_svd_and_merge_commands(tmp_path, capsys):
     assert lrc_main(["merge", "--state", str(tmp_path / "nothing"), "--teacher", str(tmp_path / "teacher"),
                      "--out", str(tmp_path / "x")]) == 2
     assert "lrc.json" in capsys.readouterr().err
+
+
+def test_generation_check_can_fail():
+    """Two students that differ: the check sees different greedy tokens (unless at a near-tie)."""
+    from lrc.commands.merge import generation_check, greedy_tokens
+
+    teacher = make_teacher("llama-untied")
+    a, b = trained_student(teacher, "dense", None), trained_student(teacher, "slice", None)
+    prompt = torch.arange(8) % 97
+    result = generation_check(a, merge_student(b), prompt, atol=1e-5)
+    assert result["student"] == greedy_tokens(a, prompt)[0] and result["merged"] == greedy_tokens(b, prompt)[0]
+    assert result["student"] != result["merged"] and not result["passed"]
+
+
+@pytest.mark.parametrize("dtype, torch_dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_a_half_precision_checkpoint_is_the_checked_one_cast(dtype, torch_dtype, token_batch, tmp_path):
+    teacher = make_teacher("llama-tied")
+    student = trained_student(teacher, "core", compute_bases(teacher))
+    check = save_merged(student, tmp_path / "m", check_ids=token_batch, dtype=dtype)
+    assert check["passed"] and check["max_abs_diff"] <= 1e-5 and check["saved_dtype"] == dtype
+    saved = load_file(str(tmp_path / "m" / "model.safetensors"))
+    assert {v.dtype for v in saved.values()} == {torch_dtype}
+    fp32 = merge_student(student)
+    assert all(torch.equal(saved[k], fp32.state_dict()[k].to(torch_dtype)) for k in saved)
+    assert 0 < check["saved_max_abs_diff"] < 1  # rounding, recorded
+    assert json.loads((tmp_path / "m" / "merge_check.json").read_text())["saved_dtype"] == dtype
+
+
+def test_auto_saves_in_the_training_precision(tmp_path):
+    from lrc.commands.merge import save_dtype
+
+    assert save_dtype("auto", tmp_path) == "fp32"  # no settings.json
+    (tmp_path / "settings.json").write_text(json.dumps({"training": {"mixed_precision": "bf16"}}))
+    assert save_dtype("auto", tmp_path) == "bf16" and save_dtype("fp32", tmp_path) == "fp32"
+    (tmp_path / "settings.json").write_text(json.dumps({"training": {"mixed_precision": "no"}}))
+    assert save_dtype("auto", tmp_path) == "fp32"

@@ -9,8 +9,11 @@ the one in the saved config.
 
 :func:`save_merged` writes the checkpoint (safetensors) to a temporary directory, reloads
 it with :func:`lrc.io.hf.load_causal_lm` (plain ``from_pretrained``, no custom code), compares its
-logits with the training student's on a check batch, and only renames it into place
-when the max abs difference is within ``atol``; ``merge_check.json`` records the result.
+logits with the training student's on a check batch, and lets transformers' ``generate`` continue
+a prompt greedily against the student's own greedy tokens; only when the max abs logit
+difference is within ``atol`` and the tokens agree (up to a near-tie) is it renamed into place;
+``merge_check.json`` records the result. The check runs in fp32; a bf16 or fp16 checkpoint is
+the checked one cast once more and saved over it (its rounding recorded, not judged).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 from transformers.initialization import no_init_weights
@@ -27,7 +31,7 @@ from transformers.initialization import no_init_weights
 from lrc.errors import LRCError
 from lrc.io.atomic import atomic_dir, write_json_atomic
 from lrc.io.model_card import write_model_card
-from lrc.io.hf import load_causal_lm, load_teacher, save_causal_lm, tokenizer_if_any
+from lrc.io.hf import load_causal_lm, load_teacher, read_json_object, save_causal_lm, tokenizer_if_any
 from lrc.io.provenance import write_settings
 from lrc.io.tokens import TokenDataset
 from lrc.method.spectral import load_bases
@@ -35,6 +39,8 @@ from lrc.method.student import load_lrc_state, read_lrc_meta
 from lrc.options import parse_args
 
 MERGE_CHECK = "merge_check.json"
+SAVE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+GREEDY_TOKENS = 8  # the generation check: tokens generated after a prompt of the check batch's first row
 
 
 def _resolve(model, dotted: str) -> torch.Tensor:
@@ -78,27 +84,76 @@ def _logits(model, ids):
     return model(input_ids=ids.to(next(model.parameters()).device), use_cache=False).logits.float().cpu()
 
 
-def save_merged(student, out_dir, *, tokenizer=None, check_ids=None, atol: float = 1e-5) -> dict:
-    """Save the merged student to ``out_dir`` and verify it by reloading; returns the check."""
+@torch.no_grad()
+def greedy_tokens(model, prompt: torch.Tensor, steps: int = GREEDY_TOKENS) -> tuple[list[int], list[float]]:
+    """Greedy continuation by full forwards (no cache): the tokens and each step's top-2 logit margin."""
+    ids = prompt.to(next(model.parameters()).device)[None]
+    tokens, margins = [], []
+    for _ in range(steps):
+        top = model(input_ids=ids, use_cache=False).logits[0, -1].float().topk(2)
+        tokens.append(int(top.indices[0]))
+        margins.append(float(top.values[0] - top.values[1]))
+        ids = torch.cat([ids, top.indices[:1].view(1, 1)], dim=1)
+    return tokens, margins
+
+
+@torch.no_grad()
+def generation_check(student, reloaded, prompt: torch.Tensor, atol: float) -> dict:
+    """transformers' own greedy ``generate`` (with its KV cache) on the reloaded model against the
+    student's greedy tokens. A difference passes only at a near-tie of the student's (margin ≤ 2·atol)."""
+    expected, margins = greedy_tokens(student, prompt)
+    ids = prompt.to(next(reloaded.parameters()).device)[None]
+    out = reloaded.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(expected),
+                            min_new_tokens=len(expected), do_sample=False, num_beams=1, pad_token_id=0,
+                            eos_token_id=None)
+    got = out[0, ids.shape[1]:].tolist()
+    first = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), None)
+    return {"prompt_tokens": int(prompt.numel()), "student": expected, "merged": got,
+            "passed": first is None or margins[first] <= 2 * atol}
+
+
+def save_merged(student, out_dir, *, tokenizer=None, check_ids=None, atol: float = 1e-5,
+                dtype: str = "fp32") -> dict:
+    """Save the merged student (in ``dtype``) to ``out_dir`` and verify it by reloading; returns the check."""
     merged = merge_student(student)
     if check_ids is None:
         check_ids = default_check_ids(student.config.vocab_size)
     with atomic_dir(out_dir) as tmp:  # a failed check raises: nothing is left behind
-        return _save_and_check(student, merged, tmp, tokenizer, check_ids, atol)
+        check, reference = _save_and_check(student, merged, tmp, tokenizer, check_ids, atol)
+        if dtype != "fp32":
+            check |= _save_cast(merged, tmp, tokenizer, check_ids, dtype, reference)
+        write_json_atomic(tmp / MERGE_CHECK, check)
+        return check
 
 
-def _save_and_check(student, merged, tmp: Path, tokenizer, check_ids, atol: float) -> dict:
-    """Save into ``tmp``, reload, compare logits, record merge_check.json; raise on a failed check."""
+def _save_cast(merged, tmp: Path, tokenizer, check_ids, dtype: str, reference: torch.Tensor) -> dict:
+    """Save the checked model again in ``dtype``: the reloaded tensors must equal the cast ones
+    exactly; the logits' distance to the fp32 student is recorded (rounding, not an error)."""
+    cast = merged.to(SAVE_DTYPES[dtype])
+    save_causal_lm(cast, tmp, tokenizer)
+    reloaded = load_causal_lm(tmp, dtype=SAVE_DTYPES[dtype], role="merged model")
+    saved, wanted = reloaded.state_dict(), cast.state_dict()
+    changed = [k for k in wanted if not torch.equal(saved[k], wanted[k])]
+    if changed:
+        raise LRCError(f"the {dtype} checkpoint reloads other tensors than were saved: {', '.join(changed[:5])}")
+    drift = (_logits(reloaded.to(next(merged.parameters()).device), check_ids) - reference).abs().max().item()
+    return {"saved_dtype": dtype, "saved_max_abs_diff": drift}
+
+
+def _save_and_check(student, merged, tmp: Path, tokenizer, check_ids, atol: float) -> tuple[dict, torch.Tensor]:
+    """Save into ``tmp``, reload, compare logits and greedy tokens; raise on a failed check.
+    Returns the check and the student's logits on the check batch."""
     save_causal_lm(merged, tmp, tokenizer)
     was_training = student.training
     student.eval()
     try:
         reference = _logits(student, check_ids)
+        reloaded = load_causal_lm(tmp, dtype=merged.dtype, role="merged model")
+        reloaded.to(next(student.parameters()).device)  # same device as the reference logits
+        diff = (_logits(reloaded, check_ids) - reference).abs().max().item()
+        generation = generation_check(student, reloaded, check_ids[0, :8], atol)
     finally:
         student.train(was_training)
-    reloaded = load_causal_lm(tmp, dtype=merged.dtype, role="merged model")
-    reloaded.to(next(student.parameters()).device)  # same device as the reference logits
-    diff = (_logits(reloaded, check_ids) - reference).abs().max().item()
     check = {
         "max_abs_diff": diff,
         "atol": atol,
@@ -108,12 +163,16 @@ def _save_and_check(student, merged, tmp: Path, tokenizer, check_ids, atol: floa
         "rms_norm_eps": reloaded.config.rms_norm_eps,
         "hidden_size": reloaded.config.hidden_size,
         "arm": getattr(student, "lrc_info", {}).get("arm"),
+        "generation": generation,
+        "saved_dtype": "fp32",
     }
-    write_json_atomic(tmp / MERGE_CHECK, check)
     if not check["passed"]:
         raise LRCError("merge check failed: reloaded logits differ from the training student's by "
                        f"{diff:.3g} > atol {atol:g}")
-    return check
+    if not generation["passed"]:
+        raise LRCError(f"merge check failed: transformers' generate on the merged model gave {generation['merged']}, "
+                       f"the training student's greedy tokens are {generation['student']}")
+    return check, reference
 
 
 # ---------------------------------------------------------------- command line
@@ -134,6 +193,8 @@ class MergeArgs:
     check_len: int = field(default=128, metadata={
         "help": "tokens per row of the check batch (logits are rows x len x vocab)"})
     atol: float = field(default=1e-5, metadata={"help": "max abs logit difference allowed"})
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = field(default="auto", metadata={
+        "help": "precision of the saved weights; auto: the training's (bf16 after bf16 mixed precision, else fp32)"})
     allow_pickle: bool = field(default=False, metadata={
         "help": "accept a teacher stored as pickled weights (pytorch_model.bin; can run code when loaded)"})
 
@@ -152,6 +213,15 @@ def check_batch_from_tokens(directory: Path, rows: int, length: int) -> torch.Te
     return torch.stack([ds[i]["input_ids"][:length] for i in range(min(rows, len(ds)))])
 
 
+def save_dtype(requested: str, state: Path) -> str:
+    """``auto``: bf16 where the state was trained under bf16 mixed precision (its settings.json), else fp32."""
+    if requested != "auto":
+        return requested
+    settings = state / "settings.json"
+    training = read_json_object(settings, "LRC state settings").get("training", {}) if settings.is_file() else {}
+    return "bf16" if training.get("mixed_precision") == "bf16" else "fp32"
+
+
 def main(argv=None) -> int:
     args = parse_args(MergeArgs, argv, prog="lrc merge")
     teacher = load_teacher(args.teacher, allow_pickle=args.allow_pickle)
@@ -168,7 +238,7 @@ def main(argv=None) -> int:
         raise LRCError(f"--data {args.data}: token id {int(check_ids.max())} outside the vocabulary "
                        f"({student.config.vocab_size})")
     check = save_merged(student, args.out, tokenizer=tokenizer_if_any(args.teacher), check_ids=check_ids,
-                        atol=args.atol)
+                        atol=args.atol, dtype=save_dtype(args.dtype, args.state))
     write_settings(args.out, "merge", args, merge_check=check)
     write_model_card(args.out, teacher=args.teacher, state_meta=read_lrc_meta(args.state), check=check,
                      command=shlex.join(["lrc", "merge", *(sys.argv[1:] if argv is None else argv)]))

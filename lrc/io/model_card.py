@@ -76,7 +76,11 @@ def card_text(*, name: str, teacher: Path, state_meta: dict[str, Any], check: di
         f"| widths | student hidden size {state_meta.get('student_hidden', '?')}, teacher's "
         f"{state_meta.get('teacher_hidden', '?')} |",
         f"| merge check | max abs logit difference to the training student {check.get('max_abs_diff', '?'):.3g} "
-        f"(allowed {check.get('atol', '?')}) |",
+        f"(allowed {check.get('atol', '?')}); transformers' greedy `generate` continues as the student "
+        f"({'yes' if (check.get('generation') or {}).get('passed') else 'not checked'}) |",
+        f"| weights | {check.get('saved_dtype', 'fp32')}"
+        + (f" (max abs logit difference after the cast {check['saved_max_abs_diff']:.3g})"
+           if "saved_max_abs_diff" in check else "") + " |",
         f"| made by | {describe_code(code_identity())}: `{command}` |",
         "",
         "## Licence",
