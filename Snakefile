@@ -39,6 +39,26 @@ include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/claims.smk"
 
 
+# Jobs of a second or two run where Snakemake runs, never as cluster jobs: the tables, the figure and the
+# claims read JSONs. `download` too: a cluster's compute nodes are often offline, its login node is not.
+localrules:
+    all,
+    download,
+    table1,
+    table_sft,
+    controls,
+    audit_table,
+    token_efficiency,
+    claims,
+    claim_table1,
+    claim_controls,
+    claim_cross_recipe,
+    claim_saturation,
+    claim_knockout,
+    claim_sft,
+    claim_coordinates,
+
+
 # Only now are all rules defined: check the flag sections against the rules and commands.
 check_flag_sections()
 

@@ -389,3 +389,17 @@ def test_floating_hub_revisions_are_named_and_pinned_ones_are_not(tmp_path):
     del paper["experiments"]["llama3.2-3b"]["teacher"]["hub"]["revision"]
     warnings = floating_revisions(paper, workdir=tmp_path, repo=ROOT)
     assert len(warnings) == 3 and "teacher.hub.revision is not given" in warnings[0]
+
+
+def test_the_light_rules_and_the_download_are_local_rules():
+    """On a cluster, the tables, the figure and the claims (a second each, reading JSONs) run where
+    Snakemake runs, and so does `download` (compute nodes are often offline). Snakemake itself
+    refuses a listed rule that does not exist (every dry run checks that)."""
+    import re
+
+    block = re.search(r"^localrules:\n((?:    \w+,\n)+)", (ROOT / "Snakefile").read_text(), re.M)
+    assert block, "the Snakefile has no localrules: block"
+    local = set(re.findall(r"\w+", block[1]))
+    light = {name for smk in ("aggregate", "claims")
+             for name in re.findall(r"^rule (\w+):", (ROOT / f"workflow/rules/{smk}.smk").read_text(), re.M)}
+    assert light and light | {"all", "download"} == local
