@@ -13,14 +13,16 @@ min_version("9.0")
 # A config file's YAML error, a key given twice (YAML keeps the last silently) or non-UTF-8 text,
 # named with its file and line (Snakemake's own message names neither; it reads a --configfile
 # before this file runs, so only a key given twice reaches here from one).
-for config_file in workflow.overwrite_configfiles or ["config/config.yaml"]:
+# The built-in default lies beside this file, so `snakemake -s <checkout>/Snakefile` runs it from any directory.
+DEFAULT_CONFIG = f"{workflow.basedir}/config/config.yaml"
+for config_file in workflow.overwrite_configfiles or [DEFAULT_CONFIG]:
     if problem := yaml_syntax_problem(config_file):
         raise WorkflowError(problem)
 
 # --configfile replaces the built-in tiny world instead of being merged into it, so a paper
 # config never inherits stray tiny-world settings; --config key=value still overrides either.
 if not workflow.overwrite_configfiles:
-    configfile: "config/config.yaml"
+    configfile: DEFAULT_CONFIG
 
 
 include: "workflow/rules/common.smk"

@@ -55,10 +55,11 @@ def parse_run_name(name: str) -> dict | None:
 
 def teacher_config_places(exp: str, teacher: dict, root: Path | str = ".") -> list[Path]:
     """Where a (non-world) teacher's ``config.json`` can be read before any job runs, in order: the
-    imported or downloaded teacher, ``config/teachers/<exp>.json``, a local teacher's own directory
-    (``teacher.local.path``, relative to ``root`` unless absolute)."""
-    root = Path(root)
+    imported or downloaded teacher, ``config/teachers/<exp>.json`` (the project's, then the checkout's),
+    a local teacher's own directory (``teacher.local.path``, relative to ``root`` unless absolute)."""
+    root, shipped = Path(root), Path(__file__).resolve().parents[1] / "config" / "teachers" / f"{exp}.json"
     places = [root / "results" / exp / "teacher" / "config.json", root / "config" / "teachers" / f"{exp}.json"]
+    places += [shipped] if shipped != places[-1].resolve() else []  # the checkout's, run from elsewhere
     local = (teacher.get("local") or {}).get("path") if teacher.get("source") == "local" else None
     if local:
         places.append(root / local / "config.json")  # an absolute `local` stays itself under `/`

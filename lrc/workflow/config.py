@@ -164,6 +164,19 @@ def rule_flags(settings: dict, rule: str, **wildcards: str) -> str:
     return " ".join(filter(None, (cli_flags(flags) for _, flags in flag_sections(settings, rule, **wildcards))))
 
 
+def resolve_shipped_files(config: dict, workdir: Path | str, repo: Path | str) -> None:
+    """Make the config's file paths that name a file shipped with the workflow absolute, in place: a
+    relative ``data.<kind>.mixture`` found in the checkout but not in ``workdir`` (where the jobs run).
+    A project directory outside the checkout then uses the shipped mixtures by their usual names, and
+    its own files of the same name win."""
+    for settings in config["experiments"].values():
+        for section in (settings.get("data") or {}).values():
+            path = (section or {}).get("mixture")
+            if path and not Path(path).is_absolute() and not (Path(workdir) / path).exists() \
+                    and (Path(repo) / path).is_file():
+                section["mixture"] = str(Path(repo) / path)
+
+
 def resource(settings: dict, stage: str, key: str) -> Any:
     """resources.<stage>.<key> of one experiment, or the schema's default."""
     return (settings.get("resources") or {}).get(stage, {}).get(key, RESOURCE_DEFAULTS[key])

@@ -21,6 +21,7 @@ from typing import Any
 
 from lrc.cli import COMMANDS
 from lrc.errors import LRCError
+from lrc.names import teacher_config_places
 from lrc.options import args_class, build_args, convert_value
 
 
@@ -91,8 +92,7 @@ def teacher_hidden_size(exp: str, settings: dict, workdir: Path | str = ".",
         args = world_class(**(flags | {"out": Path("world")}))
         sizes = getattr(args, "teacher_sizes", None)  # lrc world's resolved teacher sizes
         return (int(sizes()["hidden_size"]), "the teacher sizes of the world section") if sizes else None
-    for path in (Path(workdir) / "results" / exp / "teacher" / "config.json",
-                 Path(workdir) / "config" / "teachers" / f"{exp}.json"):
+    for path in teacher_config_places(exp, settings["teacher"], workdir):
         if path.is_file():
             try:
                 hidden = json.loads(path.read_text())["hidden_size"]

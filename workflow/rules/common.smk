@@ -28,6 +28,7 @@ SCHEMA_FILE = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.y
 if problems := wc.schema_problems(config, SCHEMA_FILE):
     raise WorkflowError("\n".join(f"invalid config {p}" for p in problems))
 validate(config, "../schemas/config.schema.yaml")
+wc.resolve_shipped_files(config, Path.cwd(), Path(workflow.basedir))  # run from a project directory too
 
 
 def check_flag_sections():
