@@ -51,6 +51,7 @@ localrules:
     controls,
     audit_table,
     token_efficiency,
+    curves,
     claims,
     claim_table1,
     claim_controls,

@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recover": ("lrc.commands.recover", "recover LRC factors from a merged LRC student (least squares)"),
     "aggregate": ("lrc.commands.aggregate", "build the results tables from evaluation JSONs"),
     "figure": ("lrc.commands.figure", "draw the token-efficiency figure"),
+    "curves": ("lrc.commands.curves", "training curves (loss terms against tokens) of runs from their metrics.jsonl"),
     "claims": ("lrc.commands.claims",
                "one claim of the paper in miniature (CIs over seeds, paired tests), or their summary"),
     "bench": ("lrc.commands.bench", "median step time and peak memory per arm vs plain KD"),

@@ -71,7 +71,8 @@ def test_own_teacher_from_a_project_directory_outside_the_checkout(own_teacher, 
     wide = snakemake("-s", snakefile, "-n", "--cores", "1", "results/table1.csv", "--configfile", "wide.yaml",
                      cwd=project)
     assert wide.returncode != 0
-    assert "experiments.mine.student.hidden_size: 48 must be below the teacher's hidden size 32" in wide.stdout + wide.stderr
+    told = wide.stdout + wide.stderr
+    assert "experiments.mine.student.hidden_size: 48 must be below the teacher's hidden size 32" in told
     assert not (project / "results").exists() and not (project / "logs").exists()
 
     dry = snakemake("-s", snakefile, "-n", "--cores", "1", "results/table1.csv", "--configfile", "mine.yaml",

@@ -81,3 +81,16 @@ rule token_efficiency:
         "../envs/lrc.yaml"
     shell:
         "lrc figure --table {input} --out {output.png} {output.pdf} > {log} 2>&1"
+
+
+rule curves:
+    input:
+        lambda wildcards: expand("results/{exp}/distill/{run}", exp=wildcards.exp, run=runs(wildcards.exp)),
+    output:
+        "results/{exp}/curves.png",
+    log:
+        "logs/{exp}/curves.log",
+    conda:
+        "../envs/lrc.yaml"
+    shell:
+        "lrc curves --runs {input} --out {output} > {log} 2>&1"
