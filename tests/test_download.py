@@ -74,7 +74,7 @@ def test_no_network_names_the_repo(offline, tmp_path):
 # `lrc import-teacher`: local teachers, offline
 
 
-def test_import_local_directory_copies_hashes_and_loads(tmp_path):
+def test_import_local_directory_links_or_copies_hashes_and_loads(tmp_path):
     import hashlib
 
     from lrc.commands.import_teacher import main as import_teacher
@@ -96,6 +96,14 @@ def test_import_local_directory_copies_hashes_and_loads(tmp_path):
     ids = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
         assert torch.equal(load_teacher(out)(ids).logits, teacher(ids).logits)
+    # No second copy of the weights by default: a link to the source; the small files are copied.
+    assert (out / "model.safetensors").resolve() == (src / "model.safetensors").resolve()
+    assert (out / "model.safetensors").is_symlink() and not (out / "config.json").is_symlink()
+    assert json.loads((out / "settings.json").read_text())["linked"] == ["model.safetensors"]
+    copied = tmp_path / "copied"
+    assert import_teacher(["--path", str(src), "--out", str(copied), "--no-link"]) == 0
+    assert not (copied / "model.safetensors").is_symlink()
+    assert json.loads((copied / "settings.json").read_text())["file_sha256"] == hashes
 
 
 @pytest.mark.parametrize("argv, message", [

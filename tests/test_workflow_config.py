@@ -403,3 +403,19 @@ def test_the_light_rules_and_the_download_are_local_rules():
     light = {name for smk in ("aggregate", "claims")
              for name in re.findall(r"^rule (\w+):", (ROOT / f"workflow/rules/{smk}.smk").read_text(), re.M)}
     assert light and light | {"all", "download"} == local
+
+
+def test_memory_defaults_scale_with_the_teachers_size():
+    """A 3B teacher's import is not given the 4 GB of a tiny one: the stages that hold the teacher get
+    its fp32 size times the copies they hold, from the config known before the run; a value given wins."""
+    from lrc.workflow.value_checks import teacher_parameters
+
+    count = teacher_parameters("llama3.2-3b", {"teacher": {"source": "hub"}}, ROOT)
+    assert count == 3_212_749_824  # Llama-3.2-3B, tied embeddings (the published 3.21B)
+    fp32_mb = count * 4 / 2**20
+    assert wc.resource({}, "import_teacher", "mem_mb", count) >= 2 * fp32_mb > 24000
+    assert wc.resource({}, "svd", "mem_mb", count) >= 1.5 * fp32_mb
+    assert wc.resource({}, "tokenize", "mem_mb", count) == 4000  # holds no teacher
+    assert wc.resource({"resources": {"import_teacher": {"mem_mb": 9000}}}, "import_teacher", "mem_mb", count) == 9000
+    assert wc.resource({}, "import_teacher", "mem_mb", 1000) == 4000  # a tiny teacher: the floor
+    assert teacher_parameters("nowhere", {"teacher": {"source": "hub"}}, ROOT) is None

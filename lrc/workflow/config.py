@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 import shlex
 from collections.abc import Iterable
@@ -177,9 +178,23 @@ def resolve_shipped_files(config: dict, workdir: Path | str, repo: Path | str) -
                 section["mixture"] = str(Path(repo) / path)
 
 
-def resource(settings: dict, stage: str, key: str) -> Any:
-    """resources.<stage>.<key> of one experiment, or the schema's default."""
-    return (settings.get("resources") or {}).get(stage, {}).get(key, RESOURCE_DEFAULTS[key])
+# The stages that hold the teacher in host memory, and how many fp32 copies of its weights at once
+# (import: the source and the reloaded check; merge: the teacher, the student and the reloaded merge).
+TEACHER_COPIES = {"import_teacher": 2.0, "svd": 1.5, "warmstart": 1.5, "distill": 1.5, "merge": 2.0,
+                  "evaluate": 1.5, "audit": 1.5, "probe": 1.5}
+BASE_MEM_MB = 2000  # the interpreter, torch and the libraries
+
+
+def resource(settings: dict, stage: str, key: str, teacher_parameters: int | None = None) -> Any:
+    """resources.<stage>.<key> of one experiment, or the default: for ``mem_mb`` of a stage that holds
+    the teacher, scaled to the teacher's size when its parameter count is known (never below 4000)."""
+    given = (settings.get("resources") or {}).get(stage, {}).get(key)
+    if given is not None:
+        return given
+    if key == "mem_mb" and stage in TEACHER_COPIES and teacher_parameters:
+        scaled = BASE_MEM_MB + TEACHER_COPIES[stage] * teacher_parameters * 4 / 2**20
+        return max(RESOURCE_DEFAULTS["mem_mb"], int(math.ceil(scaled / 1000) * 1000))
+    return RESOURCE_DEFAULTS[key]
 
 
 def schema_problems(config: dict, schema_file: Path | str) -> list[str]:

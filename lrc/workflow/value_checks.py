@@ -87,6 +87,28 @@ def known_teacher_config(exp: str, settings: dict, workdir: Path | str,
     return None
 
 
+def teacher_parameters(exp: str, settings: dict, workdir: Path | str) -> int | None:
+    """The teacher's parameter count, from its config where it is known before any job runs (the
+    model is built on the meta device: no memory, transformers' own layer shapes), else None."""
+    try:
+        known = known_teacher_config(exp, settings, workdir)
+    except LRCError:
+        return None  # the config check names the problem
+    if known is None or not known[0].get("model_type"):
+        return None
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = {k: v for k, v in known[0].items() if k not in ("model_type", "transformers_version")}
+    try:
+        config = AutoConfig.for_model(known[0]["model_type"], **values)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 (an unusual config: the resources keep their plain defaults)
+        return None
+    return sum(p.numel() for p in model.parameters())
+
+
 def _read_config(file: Path) -> dict:
     try:
         data = json.loads(file.read_text(encoding="utf-8"))

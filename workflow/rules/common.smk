@@ -2,6 +2,7 @@
 # resources, what a config asks for, and the input functions. The logic lives in lrc (names:
 # lrc.names; config sections -> flags and the checks before any job runs: lrc.workflow.config).
 
+import functools
 import json
 import re
 import shlex
@@ -17,6 +18,7 @@ from lrc.errors import LRCError
 from lrc.names import ARMS, CONTROL_ARMS, KNOCKOUT_SUFFIX, MAIN_ARMS, RECIPES, RUN_FORMAT, SFT_SUFFIX
 from lrc.workflow.claims import CLAIMS
 from lrc.workflow.revisions import floating_revisions
+from lrc.workflow.value_checks import teacher_parameters as teacher_parameter_count
 
 # ---------------------------------------------------------------- validation
 
@@ -87,12 +89,21 @@ def student_hidden(wildcards):
     return settings(wildcards.exp)["student"]["hidden_size"]
 
 
+@functools.cache
+def teacher_parameters(exp):
+    return teacher_parameter_count(exp, settings(exp), Path.cwd())
+
+
 def resource(stage, key):
-    """A resources function: experiments/{exp}/resources/{stage}/{key}, or the default."""
+    """A resources function: experiments/{exp}/resources/{stage}/{key}, or the default (memory:
+    scaled to the teacher's size where its config is known)."""
 
     def value(wildcards):
         exp = getattr(wildcards, "exp", None)
-        return wc.resource(settings(exp) if exp else {}, stage, key)
+        if not exp:
+            return wc.resource({}, stage, key)
+        count = teacher_parameters(exp) if key == "mem_mb" and stage in wc.TEACHER_COPIES else None
+        return wc.resource(settings(exp), stage, key, count)
 
     return value
 
