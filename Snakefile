@@ -42,10 +42,12 @@ include: "workflow/rules/claims.smk"
 
 
 # Jobs of a second or two run where Snakemake runs, never as cluster jobs: the tables, the figure and the
-# claims read JSONs. `download` too: a cluster's compute nodes are often offline, its login node is not.
+# claims read JSONs. `download` and `fetch_tasks` too: a cluster's compute nodes are often offline, its login node
+# is not.
 localrules:
     all,
     download,
+    fetch_tasks,
     table1,
     table_sft,
     controls,

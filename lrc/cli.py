@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "merge": ("lrc.commands.merge", "materialise a trained student into a plain HF checkpoint, verified"),
     "sft": ("lrc.commands.sft", "supervised fine-tuning of a merged checkpoint on chat data"),
     "tasks": ("lrc.commands.tasks", "multiple-choice lm-eval tasks from held-out documents (offline)"),
+    "fetch-tasks": ("lrc.commands.fetch_tasks",
+                    "load the evaluation tasks' datasets into the cache ahead of the run (offline compute nodes)"),
     "evaluate": ("lrc.commands.evaluate",
                  "lm-eval suite (or none) plus held-out perplexity, KL to teacher, answer log-prob"),
     "compare": ("lrc.commands.compare", "two evaluated models on the same lm-eval items: B − A per task, paired CI"),

@@ -435,3 +435,32 @@ def test_any_local_task_directory_through_include_path_and_a_paired_comparison(w
         main([str(checkpoint), *common[:-1], "batch_size=2", "--out", str(tmp_path / "x.json")])
     with pytest.raises(LRCError, match="--suite lm-eval runs the tasks you name: give --tasks"):
         EvaluateArgs(model="m", out=tmp_path / "x.json", suite="lm-eval")
+
+
+@pytest.mark.slow
+def test_fetch_tasks_builds_the_tasks_ahead_and_names_what_it_fetched(world, tmp_path, monkeypatch):
+    """`lrc fetch-tasks` builds the tasks as an evaluation would (their data into the cache): a local
+    task directory works offline; a hub task offline is refused naming the task and the hub."""
+    import datasets
+    import huggingface_hub
+
+    from lrc.cli import main as lrc
+    from lrc.commands.evaluate import prepare_include_dir
+
+    tasks = prepare_include_dir(world / "tasks", ["world_facts", "world_pairs"], tmp_path / "mytasks")
+    out = tmp_path / "fetched.json"
+    assert lrc(["fetch-tasks", "--suite", "lm-eval", "--include-path", str(tasks), "--tasks", "world_facts",
+                "world_pairs", "--out", str(out)]) == 0
+    fetched = json.loads(out.read_text())["tasks"]
+    assert set(fetched) == {"world_facts", "world_pairs"}
+    assert fetched["world_facts"]["documents"] == len((world / "tasks/world_facts.jsonl").read_text().splitlines())
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    with pytest.raises(LRCError, match="could not build the tasks boolq.*fetching needs the hub"):
+        from lrc.commands.fetch_tasks import main as fetch
+
+        fetch(["--tasks", "boolq", "--out", str(tmp_path / "paper.json")])
+    with pytest.raises(LRCError, match=r"--tasks \['hellaswag'\] not in suite 'paper'"):
+        fetch(["--tasks", "hellaswag", "--out", str(tmp_path / "paper.json")])
+    assert not (tmp_path / "paper.json").exists()

@@ -46,3 +46,19 @@ def test_a_hub_teacher_can_be_evaluated_offline(tmp_path, evaluate):
     else:
         assert not built and all(c.count("--tasks-dir") == 1 and "--tasks-dir my/tasks" in c for c in evaluations)
     assert all("--heldout results/llama3.2-3b/data/corpus/valid" in c for c in evaluations)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("evaluate, flags", [
+    ({"suite": "paper"}, "--suite paper"),
+    ({"suite": "lm-eval", "tasks": ["hellaswag", "arc_easy:acc_norm"]},
+     "--suite lm-eval --tasks hellaswag arc_easy:acc_norm"),
+], ids=["paper", "lm-eval"])
+def test_a_hub_suite_is_fetched_where_the_network_is_before_any_evaluation(tmp_path, evaluate, flags):
+    commands = dry_run(tmp_path, evaluate)
+    fetched = [i for i, c in enumerate(commands) if c.startswith("lrc fetch-tasks")]
+    evaluations = [i for i, c in enumerate(commands) if " lrc evaluate " in f" {c}"]
+    assert len(fetched) == 1 and len(evaluations) == 4
+    assert commands[fetched[0]].startswith(f"lrc fetch-tasks {flags} --out results/llama3.2-3b/eval_tasks.json")
+    # The target is results/table1.csv: the fetch is in its DAG only as an input of the evaluations.
+    assert not [c for c in dry_run(tmp_path, {"suite": "none"}) if c.startswith("lrc fetch-tasks")]

@@ -393,7 +393,7 @@ def test_floating_hub_revisions_are_named_and_pinned_ones_are_not(tmp_path):
 
 def test_the_light_rules_and_the_download_are_local_rules():
     """On a cluster, the tables, the figure and the claims (a second each, reading JSONs) run where
-    Snakemake runs, and so does `download` (compute nodes are often offline). Snakemake itself
+    Snakemake runs, and so do `download` and `fetch_tasks` (compute nodes are often offline). Snakemake itself
     refuses a listed rule that does not exist (every dry run checks that)."""
     import re
 
@@ -402,7 +402,7 @@ def test_the_light_rules_and_the_download_are_local_rules():
     local = set(re.findall(r"\w+", block[1]))
     light = {name for smk in ("aggregate", "claims")
              for name in re.findall(r"^rule (\w+):", (ROOT / f"workflow/rules/{smk}.smk").read_text(), re.M)}
-    assert light and light | {"all", "download"} == local
+    assert light and light | {"all", "download", "fetch_tasks"} == local
 
 
 def test_memory_defaults_scale_with_the_teachers_size():

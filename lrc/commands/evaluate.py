@@ -31,6 +31,7 @@ from lrc.errors import LRCError
 from lrc.io.atomic import write_json_atomic
 from lrc.io.hf import has_tokenizer, load_causal_lm, load_tokenizer
 from lrc.io.lm_eval_records import records_dir, write_records
+from lrc.io.lm_eval_tasks import open_suite, task_index
 from lrc.io.provenance import library_versions, provenance
 from lrc.io.suites import load_suite
 from lrc.io.tokens import TokenDataset, check_vocab, tokenizer_fingerprint
@@ -141,34 +142,8 @@ def prepare_include_dir(tasks_dir: Path, names: Sequence[str], into: Path, files
 
 
 def task_manager(args: EvaluateArgs, include_dir: Path | None) -> Any:
-    """lm-eval's task index: a local suite's YAMLs alone (skipping lm-eval's thousands of task files
-    saves most of the start-up time), or lm-eval's own tasks with the --include-path directories."""
-    from lm_eval.tasks import TaskManager
-
-    if include_dir is not None:
-        return TaskManager(include_path=str(include_dir), include_defaults=False)
-    for path in args.include_path or []:
-        if not path.is_dir():
-            raise LRCError(f"--include-path {path}: not a directory")
-    return TaskManager(include_path=[str(p.resolve()) for p in args.include_path] if args.include_path else None)
-
-
-def open_suite(names: Sequence[str], manager: Any) -> dict[str, Any]:
-    """Suite lm-eval: each named task or group (``name`` or ``name:metric``) with its metric, the first
-    lm-eval lists for it unless named; an average ("Avg") only where every metric is an accuracy."""
-    tasks = {}
-    for given in names:
-        name, _, metric = given.partition(":")
-        entry = manager.task_index.get(name)
-        if entry is None:
-            close = [t for t in manager.all_tasks if name.lower() in t.lower()][:8]
-            raise LRCError(f"--tasks {given}: lm-eval has no task or group named {name!r}"
-                           + (f" (similar: {', '.join(close)})" if close else ""))
-        cfg = entry.cfg or {}
-        listed = [m.get("metric") for m in (cfg.get("metric_list") or cfg.get("aggregate_metric_list") or [])]
-        tasks[name] = {"metric": metric or (listed[0] if listed else "acc")}
-    accuracies = all(t["metric"] in ("acc", "acc_norm") for t in tasks.values())
-    return {"name": "lm-eval", "aggregate": "Avg" if accuracies else None, "tasks": tasks}
+    """lm-eval's task index for this evaluation (:func:`lrc.io.lm_eval_tasks.task_index`)."""
+    return task_index(args.include_path, only=include_dir)
 
 
 def lm_eval_call(args: EvaluateArgs, tasks: dict[str, dict[str, Any]], manager: Any) -> dict[str, Any]:

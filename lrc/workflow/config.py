@@ -135,6 +135,15 @@ def local_teacher_input(teacher: dict) -> str | None:
     return None
 
 
+def fetch_task_options(settings: dict) -> dict[str, Any]:
+    """`lrc fetch-tasks`'s options from the evaluate section, when its suite's datasets come from the
+    hub (paper, lm-eval); None for an offline suite (nothing to fetch)."""
+    section = settings.get("evaluate") or {}
+    if section.get("suite") not in ("paper", "lm-eval"):
+        return None
+    return {k: section[k] for k in ("suite", "tasks", "include_path") if k in section}
+
+
 def evaluate_options(world: bool, world_dir: Any) -> dict[str, Any]:
     """The options the evaluate rule builds itself: the tiny world's tasks."""
     return {"tasks_dir": f"{world_dir}/tasks"} if world else {}

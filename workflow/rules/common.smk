@@ -120,6 +120,10 @@ def eval_tasks(wildcards, input):
     return wc.cli_flags(wc.evaluate_options(is_world(wildcards.exp), input.get("world")), sort=False)
 
 
+def fetch_tasks_flags(wildcards):
+    return wc.cli_flags(wc.fetch_task_options(settings(wildcards.exp)), sort=False)
+
+
 def builds_tasks(exp):
     """`evaluate: {suite: local}` with no tasks_dir of its own (not the tiny world): the workflow
     builds results/{exp}/tasks from the held-out corpus split (rule heldout_tasks, `lrc tasks`)."""
@@ -233,6 +237,8 @@ def eval_inputs(wildcards):
         inputs["world"] = f"results/{exp}/world"
     if builds_tasks(exp):
         inputs["tasks"] = f"results/{exp}/tasks"
+    if wc.fetch_task_options(settings(exp)) is not None:  # the datasets fetched where the network is
+        inputs["fetched"] = f"results/{exp}/eval_tasks.json"
     return inputs
 
 

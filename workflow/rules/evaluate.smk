@@ -5,7 +5,9 @@
 # multiple-choice tasks `lrc tasks` builds from the held-out corpus split (offline; see
 # builds_tasks in common.smk); or lm-eval: any task lm-eval knows (`evaluate.tasks`, with
 # `evaluate.include_path` for task directories of your own). Beside each JSON, {name}.lm_eval/ keeps
-# lm-eval's own results and per-document logs (`lrc compare` pairs two models on them).
+# lm-eval's own results and per-document logs (`lrc compare` pairs two models on them). A suite
+# from the hub has its datasets fetched first, where Snakemake runs (fetch_tasks, a local rule), so
+# evaluation jobs on offline compute nodes read them from the cache (set HF_DATASETS_OFFLINE=1 there).
 
 
 rule heldout_tasks:
@@ -22,6 +24,19 @@ rule heldout_tasks:
         "../envs/lrc.yaml"
     shell:
         "lrc tasks --data {input.data}/valid --tokenizer {input.teacher} --out {output} > {log} 2>&1"
+
+
+rule fetch_tasks:
+    output:
+        "results/{exp}/eval_tasks.json",
+    params:
+        flags=fetch_tasks_flags,
+    log:
+        "logs/{exp}/fetch_tasks.log",
+    conda:
+        "../envs/lrc.yaml"
+    shell:
+        "lrc fetch-tasks {params.flags} --out {output} > {log} 2>&1"
 
 
 rule evaluate:
