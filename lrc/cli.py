@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "warmstart": ("lrc.commands.distill", "plain LRC warm start (slice arm, `lrc` recipe)"),
     "distill": ("lrc.commands.distill", "distill one arm from the warm start"),
     "merge": ("lrc.commands.merge", "materialise a trained student into a plain HF checkpoint, verified"),
+    "upload": ("lrc.commands.upload", "upload a merged student (model card, licence files) to the Hugging Face hub"),
     "sft": ("lrc.commands.sft", "supervised fine-tuning of a merged checkpoint on chat data"),
     "tasks": ("lrc.commands.tasks", "multiple-choice lm-eval tasks from held-out documents (offline)"),
     "fetch-tasks": ("lrc.commands.fetch_tasks",

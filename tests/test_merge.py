@@ -153,3 +153,35 @@ def test_auto_saves_in_the_training_precision(tmp_path):
     assert save_dtype("auto", tmp_path) == "bf16" and save_dtype("fp32", tmp_path) == "fp32"
     (tmp_path / "settings.json").write_text(json.dumps({"training": {"mixed_precision": "no"}}))
     assert save_dtype("auto", tmp_path) == "fp32"
+
+
+def test_upload_checks_the_student_then_reaches_the_hub(tmp_path, capsys, monkeypatch):
+    """`lrc upload` refuses what is not a checked merged student before any network call; a good one
+    gets as far as the hub (offline here: named), leaving settings.json behind."""
+    import huggingface_hub
+
+    from lrc.commands.upload import files_to_upload
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    teacher = make_teacher("llama-tied")
+    teacher.save_pretrained(tmp_path / "teacher")
+    save_lrc_state(trained_student(teacher, "dense", None), tmp_path / "state", tokens=0)
+    merged = tmp_path / "merged"
+    assert lrc_main(["merge", "--state", str(tmp_path / "state"), "--teacher", str(tmp_path / "teacher"),
+                     "--out", str(merged)]) == 0
+    files = files_to_upload(merged)
+    assert {"README.md", "config.json", "model.safetensors", "merge_check.json"} <= set(files)
+    assert "settings.json" not in files and (merged / "settings.json").is_file()
+
+    capsys.readouterr()
+    assert lrc_main(["upload", str(merged), "--repo-id", "me/my-student"]) == 2
+    assert "cannot upload to me/my-student: the hub is switched off here (HF_HUB_OFFLINE=1)" in capsys.readouterr().err
+    assert lrc_main(["upload", str(merged), "--repo-id", "not a repo id"]) == 2
+    assert "--repo-id 'not a repo id'" in capsys.readouterr().err
+    check = json.loads((merged / "merge_check.json").read_text())
+    (merged / "merge_check.json").write_text(json.dumps(check | {"passed": False}))
+    with pytest.raises(LRCError, match="the merge check did not pass"):
+        files_to_upload(merged)
+    (merged / "README.md").unlink()
+    with pytest.raises(LRCError, match="no README.md"):
+        files_to_upload(merged)

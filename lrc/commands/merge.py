@@ -30,7 +30,7 @@ from transformers.initialization import no_init_weights
 
 from lrc.errors import LRCError
 from lrc.io.atomic import atomic_dir, write_json_atomic
-from lrc.io.model_card import write_model_card
+from lrc.io.model_card import MERGE_CHECK, write_model_card
 from lrc.io.hf import load_causal_lm, load_teacher, read_json_object, save_causal_lm, tokenizer_if_any
 from lrc.io.provenance import write_settings
 from lrc.io.tokens import TokenDataset
@@ -38,7 +38,6 @@ from lrc.method.spectral import load_bases
 from lrc.method.student import load_lrc_state, read_lrc_meta
 from lrc.options import parse_args
 
-MERGE_CHECK = "merge_check.json"
 SAVE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 GREEDY_TOKENS = 8  # the generation check: tokens generated after a prompt of the check batch's first row
 

@@ -21,6 +21,7 @@ from lrc.io.atomic import write_text_atomic
 from lrc.io.provenance import code_identity, describe_code
 
 CARD_FILE = "README.md"
+MERGE_CHECK = "merge_check.json"  # `lrc merge`'s record of its check, beside the card
 LICENCE_FILES = ("LICENSE", "LICENSE.txt", "LICENSE.md", "NOTICE", "NOTICE.txt", "USE_POLICY.md")
 
 
