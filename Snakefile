@@ -51,6 +51,7 @@ localrules:
     table1,
     table_sft,
     controls,
+    experiment_table,
     audit_table,
     token_efficiency,
     curves,

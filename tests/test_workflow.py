@@ -71,7 +71,7 @@ def test_every_rule_hands_its_command_options_it_has(config):
     assert result.returncode == 0, result.stderr
     checked = 0
     for cmd in shell_commands(result.stdout):
-        m = re.search(r"(?:\blrc|lrc_launch \d+ \S+) ([a-z]+)\b(.*)", cmd)
+        m = re.search(r"(?:\blrc|lrc_launch \d+ \S+) ([a-z][a-z-]*)\b(.*)", cmd)
         assert m, cmd
         command, rest = m[1], re.sub(r"\$\(ckpt_dir [^)]*\)", "", m[2])
         options = command_options(command)
@@ -288,3 +288,19 @@ def test_end_to_end_chain_on_the_test_world(tmp_path):
     log = (repo / "logs/aggregate/table1.log").read_text()
     assert (f"lrc-slice-s0-t20000 was trained with lr = 0.003, but experiments.{exp}.distill.train.lr is 0.002"
             in log and "lrc-dense-s0-t20000 was trained with lr = 0.003" in log and "lrc-core" not in log), log
+
+
+@pytest.mark.slow
+def test_each_experiment_has_its_own_tables_beside_the_configs_combined_one():
+    """With two experiments in one run, results/{exp}/table1.csv aggregates that experiment alone (a
+    second config cannot overwrite it); results/table1.csv keeps the mission's combined table."""
+    targets = ["results/tiny-test/table1.csv", "results/tiny/table1.csv", "results/table1.csv"]
+    run = snakemake("-n", "-p", "--forceall", *targets, "--configfile", "config/config.yaml", "config/test.yaml")
+    assert run.returncode == 0, run.stderr[-2000:]
+    aggregates = {c.split("--out ")[1].split()[0]: c for c in shell_commands(run.stdout) if "lrc aggregate" in c}
+    assert set(aggregates) == set(targets)
+    for exp in ("tiny", "tiny-test"):
+        inputs = aggregates[f"results/{exp}/table1.csv"].split("--inputs ")[1].split(" --")[0].split()
+        assert inputs and all(i.startswith(f"results/{exp}/eval/") for i in inputs), inputs
+    combined = aggregates["results/table1.csv"].split("--inputs ")[1].split(" --")[0].split()
+    assert {i.split("/")[1] for i in combined} == {"tiny", "tiny-test"}

@@ -1,4 +1,5 @@
-# Results tables, the token-efficiency figure, and their entries in `snakemake --report`.
+# Results tables, the token-efficiency figure, and their entries in `snakemake --report`. results/<table>.csv
+# holds every experiment of the config; results/{exp}/<table>.csv one experiment's, kept apart from other configs'.
 
 
 rule table1:
@@ -50,6 +51,25 @@ rule controls:
         "../envs/lrc.yaml"
     shell:
         "lrc aggregate --table controls --inputs {input} --expect-settings {params.expect} --out {output} > {log} 2>&1"
+
+
+rule experiment_table:
+    input:
+        lambda wildcards: EXPERIMENT_TABLES[wildcards.table][0](wildcards),
+    output:
+        "results/{exp}/{table}.csv",
+    wildcard_constraints:
+        exp="|".join(re.escape(e) for e in EXPS),
+        table="|".join(EXPERIMENT_TABLES),
+    params:
+        kind=lambda wildcards: EXPERIMENT_TABLES[wildcards.table][1],
+        expect=expected_settings,
+    log:
+        "logs/{exp}/aggregate/{table}.log",
+    conda:
+        "../envs/lrc.yaml"
+    shell:
+        "lrc aggregate --table {params.kind} --inputs {input} --expect-settings {params.expect} --out {output} > {log} 2>&1"
 
 
 rule audit_table:

@@ -147,9 +147,15 @@ def expected_settings(wildcards=None):
     return shlex.quote(json.dumps({exp: wc.expected_run_settings(settings(exp)) for exp in EXPS}, sort_keys=True))
 
 
+def table_experiments(wildcards=None):
+    """The experiments of a table: the one its path names (results/{exp}/<table>.csv), else the config's all."""
+    exp = getattr(wildcards, "exp", None)
+    return [exp] if exp else list(EXPS)
+
+
 def table1_inputs(wildcards=None):
     out = []
-    for exp in EXPS:
+    for exp in table_experiments(wildcards):
         out.append(f"results/{exp}/eval/teacher.json")
         out += [f"results/{exp}/eval/{r}.json" for r in runs(exp, MAIN_ARMS)]
     return out
@@ -157,7 +163,7 @@ def table1_inputs(wildcards=None):
 
 def controls_inputs(wildcards=None):
     out = []
-    for exp in EXPS:
+    for exp in table_experiments(wildcards):
         if any(a in CONTROL_ARMS for a in settings(exp)["distill"]["arms"]):
             out.append(f"results/{exp}/eval/teacher.json")
             out += [f"results/{exp}/eval/{r}.json" for r in runs(exp)]
@@ -166,11 +172,16 @@ def controls_inputs(wildcards=None):
 
 def sft_inputs(wildcards=None):
     out = []
-    for exp in EXPS:
+    for exp in table_experiments(wildcards):
         if sft_runs(exp):
             out.append(f"results/{exp}/eval/teacher.json")
             out += [f"results/{exp}/eval/{r}{SFT_SUFFIX}.json" for r in sft_runs(exp)]
     return out
+
+
+# The tables of one experiment (results/{exp}/<table>.csv): their inputs and `lrc aggregate --table`.
+EXPERIMENT_TABLES = {"table1": (table1_inputs, "table1"), "table_sft": (sft_inputs, "sft"),
+                     "controls": (controls_inputs, "controls")}
 
 
 def several_budgets():

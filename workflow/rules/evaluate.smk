@@ -43,8 +43,8 @@ rule evaluate:
     input:
         unpack(eval_inputs),
     output:
-        "results/{exp}/eval/{name}.json",
-        directory("results/{exp}/eval/{name}.lm_eval"),  # lm-eval's own results and per-document logs
+        summary="results/{exp}/eval/{name}.json",
+        records=directory("results/{exp}/eval/{name}.lm_eval"),  # lm-eval's own results and per-document logs
     wildcard_constraints:
         name=EVAL_NAME,
     params:
@@ -63,5 +63,5 @@ rule evaluate:
         runtime=resource("evaluate", "runtime"),
     shell:
         "OMP_NUM_THREADS={threads} lrc evaluate --model {input.model} --teacher {input.teacher}"
-        " --heldout {input.data}/valid {params.tasks} --out {output[0]} --lm-eval-out {output[1]} {params.flags}"
+        " --heldout {input.data}/valid {params.tasks} --out {output.summary} --lm-eval-out {output.records} {params.flags}"
         " > {log} 2>&1"
