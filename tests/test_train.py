@@ -280,3 +280,28 @@ def test_a_resumed_run_says_where_it_resumed_and_how_much_it_trained(tmp_path, c
     out = capsys.readouterr().out
     assert f"resuming from {tmp_path / 'out.ckpt' / 'step-000002'}: step 2 of 4" in out, out
     assert f"trained {SEQ * 8 * 4:,} tokens in 4 steps (2 of them here, resumed at step 2)" in out, out
+
+
+def test_trackers_get_the_records_of_metrics_jsonl(tmp_path):
+    """TensorBoard (accelerate's tracker) logs every record metrics.jsonl holds, at its step; a tracker
+    that is not installed is refused before any work; none logs nowhere."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = tiny_llama()
+    args = quiet(tokens=SEQ * 8 * 6, batch_size=8, micro_batch_size=8, lr=3e-3, log_every=2, trackers=["tensorboard"])
+    summary = train(LMObjective(model), model, RandomTokens(rows=16), args, tmp_path / "out")
+    lines = [json.loads(x) for x in Path(summary["metrics"]).read_text().splitlines()]
+    (run,) = (tmp_path / "out.ckpt" / "tb").iterdir()
+    events = EventAccumulator(str(run))
+    events.Reload()
+    logged = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert logged == [(x["step"], pytest.approx(x["loss"], rel=1e-6)) for x in lines] and len(logged) == 3
+    assert {"train/ce", "train/grad_norm", "train/lr", "train/tokens"} <= set(events.Tags()["scalars"])
+
+    with pytest.raises(LRCError, match="--trackers wandb: the wandb package is not installed"):
+        quiet(trackers=["wandb"])
+    with pytest.raises(LRCError, match="choose from auto, none, tensorboard"):
+        quiet(trackers=["tensorbored"])
+    train(LMObjective(model), model, RandomTokens(rows=16), quiet(tokens=SEQ * 8, batch_size=8, trackers=["none"]),
+          tmp_path / "quiet")
+    assert not (tmp_path / "quiet.ckpt" / "tb").exists()

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from lrc.errors import LRCError
 from lrc.options import check_choice
 from lrc.training import checkpoint as ckpt
+from lrc.training.trackers import resolve as resolve_trackers
 
 SCHEDULES = ("linear", "cosine", "constant")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -52,8 +53,9 @@ class TrainArgs:
         "help": "once finished, keep: final (the final weights a rerun rewrites its output from, no optimiser state), "
                 "all (two full checkpoints), none"})
     threads: int = field(default=0, metadata={"help": "torch CPU threads per process (0: leave torch's default)"})
-    tensorboard: bool = field(default=False, metadata={
-        "help": "also log to TensorBoard under <ckpt_dir>/tb (needs the tensorboard package)"})
+    trackers: list[str] = field(default_factory=lambda: ["auto"], metadata={
+        "help": "experiment trackers fed with metrics.jsonl's records (accelerate's): auto (TensorBoard under "
+                "<ckpt_dir>/tb when installed), none, tensorboard, wandb, mlflow, ..."})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     activation_checkpointing: bool = field(default=False, metadata={
         "help": "checkpoint each decoder layer of the trained model: its activations are recomputed in backward (less "
@@ -81,6 +83,7 @@ class TrainArgs:
                 "values (ZeRO stage 1; the same trajectory and checkpoints; lrc.training.optim)"})
 
     def __post_init__(self) -> None:
+        resolve_trackers(self.trackers)  # an explicitly named tracker must be installed: refused before any work
         for name in ("tokens", "checkpoint_every", "threads", "divergence_steps", "divergence_warmup"):
             if getattr(self, name) < 0:
                 raise LRCError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")

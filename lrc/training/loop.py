@@ -83,6 +83,7 @@ from lrc.training import recompute, sharding
 from lrc.training.args import TrainArgs  # also the name's old import path (tests, scripts)
 from lrc.training.guards import DivergenceGuard, steps_of_budget
 from lrc.training.optim import CoordinateAdamW, coordinate_maps
+from lrc.training import trackers
 from lrc.training.steplog import StepLog
 
 # Settings that change the trajectory (activation_checkpointing does not): a checkpoint made with other values is not
@@ -402,8 +403,8 @@ def train(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
             divergence = DivergenceGuard(factor=args.divergence_factor, steps=args.divergence_steps,
                                          warmup=args.divergence_warmup, device=run.device)
             log = StepLog(run.accelerator, ckpt_dir, steps=run.steps, start_step=start_step,
-                          tokens_per_step=run.tokens_per_step, tensorboard=args.tensorboard, progress=args.progress,
-                          hook=hook, divergence=divergence)
+                          tokens_per_step=run.tokens_per_step, trackers=trackers.resolve(args.trackers),
+                          progress=args.progress, hook=hook, divergence=divergence, settings=vars(args))
             fit(run, objective, dataset, log, start_step)
             summary = finish(run, log, start_step, resumed_from) | extra | {"already_done": False}
         if run.accelerator.is_fsdp2:

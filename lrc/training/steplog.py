@@ -13,8 +13,8 @@ reads as setup, resume, step, log, finish. Why it looks as it does:
   gather; a non-finite value and a divergence: the earlier one is reported (a tie: the non-finite).
   Either error names the checkpoint the run leaves behind.
 - **Sinks on the main process only**: ``metrics.jsonl`` in the checkpoint directory
-  (appended line by line, truncated to the resumed step first), TensorBoard (optional
-  package, imported only when asked for) and the progress bar.
+  (appended line by line, truncated to the resumed step first), the experiment trackers
+  (:mod:`lrc.training.trackers`: TensorBoard when installed, W&B, ...) and the progress bar.
 - **A command's own sink** (``hook``, e.g. :class:`lrc.method.update_energy.UpdateEnergyLog`), on
   every process: ``hook.begin(ckpt_dir, start_step=, steps=, tokens_per_step=)`` once,
   ``hook.after_step(done_step)`` after every optimiser step, before that step's checkpoint
@@ -35,7 +35,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 from lrc.errors import LRCError
 from lrc.training.checkpoint import METRICS_FILE, latest_checkpoint, truncate_metrics
 from lrc.training.guards import DivergenceGuard
+from lrc.training.trackers import open_trackers
 
 
 class StepLog:
@@ -55,8 +56,8 @@ class StepLog:
     """
 
     def __init__(self, accelerator: Any, ckpt_dir: Path, *, steps: int, start_step: int, tokens_per_step: int,
-                 tensorboard: bool = False, progress: bool = True, hook: Any = None,
-                 divergence: DivergenceGuard | None = None):
+                 trackers: Sequence[str] = (), progress: bool = True, hook: Any = None,
+                 divergence: DivergenceGuard | None = None, settings: dict[str, Any] | None = None):
         self.acc, self.tokens_per_step = accelerator, tokens_per_step
         self.main = accelerator.is_main_process
         self.ckpt_dir = Path(ckpt_dir)
@@ -65,7 +66,8 @@ class StepLog:
         self.path = Path(ckpt_dir) / METRICS_FILE
         if self.main:
             truncate_metrics(self.path, start_step)
-        self.tb = _tensorboard(ckpt_dir) if (tensorboard and self.main) else None
+        self.trackers = (open_trackers(trackers, self.ckpt_dir, self.ckpt_dir.name, _scalars(settings or {}))
+                         if self.main else [])
         self.bar = None
         if progress and self.main and steps > start_step:
             self.bar = tqdm(total=steps * tokens_per_step, initial=start_step * tokens_per_step, unit="tok",
@@ -168,10 +170,8 @@ class StepLog:
         if self.main:
             with open(self.path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
-            if self.tb is not None:
-                for key, value in record.items():
-                    if key != "step":
-                        self.tb.add_scalar(f"train/{key}", value, done_step)
+            for tracker in self.trackers:
+                tracker.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=done_step)
             if self.bar is not None:
                 self.bar.update(self.window_steps * self.tokens_per_step)
                 self.bar.set_postfix(loss=f"{values[0]:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
@@ -182,16 +182,11 @@ class StepLog:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        if self.tb is not None:
-            self.tb.close()
-        self.bar = self.tb = None
+        for tracker in self.trackers:
+            tracker.finish()
+        self.bar, self.trackers = None, []
 
 
-def _tensorboard(ckpt_dir: Path):
-    try:  # an optional package: imported only with --tensorboard
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        print("warning: --tensorboard needs the tensorboard package (pip install tensorboard); skipped",
-              file=sys.stderr)
-        return None
-    return SummaryWriter(str(ckpt_dir / "tb"))
+def _scalars(settings: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings as trackers take them (TensorBoard's hparams: numbers, strings, booleans)."""
+    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in settings.items()}
