@@ -54,6 +54,16 @@ def test_downloads_safetensors_config_tokenizer_only(offline, tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, teacher(ids).logits)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hub", "teacher"]  # no temporary left
+    # No second copy of the weights: a link into the hub cache, its hash recorded; --no-link copies.
+    weights = out / "model.safetensors"
+    assert weights.is_symlink() and offline in weights.resolve().parents and not (out / "config.json").is_symlink()
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["linked"] == ["model.safetensors"] and len(settings["weights_sha256"]["model.safetensors"]) == 64
+    copied = tmp_path / "copied"
+    assert main(["--repo-id", "org/tiny", "--revision", "main", "--cache-dir", str(offline), "--out", str(copied),
+                 "--no-link"]) == 0
+    assert not (copied / "model.safetensors").is_symlink()
+    assert json.loads((copied / "settings.json").read_text())["weights_sha256"] == settings["weights_sha256"]
 
 
 def test_pickle_only_repo_is_refused(offline, tmp_path):

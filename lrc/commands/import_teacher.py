@@ -21,7 +21,6 @@ Nothing is fetched: both paths read only local files. The output appears atomica
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -34,7 +33,7 @@ from lrc.io.hub import wanted
 from lrc.errors import LRCError
 from lrc.io.atomic import atomic_dir
 from lrc.io.hf import SUPPORTED_MODEL_TYPES, load_causal_lm, load_teacher, read_config
-from lrc.io.provenance import write_settings
+from lrc.io.provenance import sha256_file, write_settings
 from lrc.options import parse_args
 
 
@@ -60,14 +59,6 @@ class ImportTeacherArgs:
                            f"(a distribution shipping a GGUF file); got {given or 'none'}")
         if self.check_tokens < 1:
             raise LRCError(f"--check-tokens must be positive, got {self.check_tokens}")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def packaged_gguf(package: str) -> Path:

@@ -1,9 +1,10 @@
 """`lrc download`: a hub teacher at a pinned revision, safetensors only.
 
 ``huggingface_hub.snapshot_download`` fetches into the hub's own cache (so repeated runs
-and offline runs with ``HF_HUB_OFFLINE=1`` reuse it); the weights, config and tokenizer
-files are then copied out of the snapshot into the output directory, atomically. Pickled
-weights (``.bin``, ``.pt``, ...) are never fetched nor copied.
+and offline runs with ``HF_HUB_OFFLINE=1`` reuse it); the output directory then gets the
+weights as symbolic links to the cache's files (no second copy of a multi-GB teacher; their
+SHA-256 recorded) and copies of the config and tokenizer files, atomically; ``link=False``
+copies the weights too. Pickled weights (``.bin``, ``.pt``, ...) are never fetched nor copied.
 """
 
 from __future__ import annotations
@@ -56,8 +57,10 @@ def fetch_snapshot(repo_id: str, revision: str, cache_dir: Path | None = None) -
                        "and set HF_HUB_OFFLINE=1.") from err
 
 
-def copy_teacher_files(snapshot: Path, out: Path, *, repo_id: str, revision: str, before_commit=None) -> list[str]:
-    """Copy the wanted files of a snapshot into ``out`` atomically; returns their names.
+def copy_teacher_files(snapshot: Path, out: Path, *, repo_id: str, revision: str, before_commit=None,
+                       link: bool = False) -> list[str]:
+    """Copy the wanted files of a snapshot into ``out`` atomically (``link``: the weights as symbolic
+    links to the cache's files); returns their names.
 
     ``before_commit(tmp_dir, files)`` may add files (settings) before the rename."""
     files = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
@@ -73,7 +76,10 @@ def copy_teacher_files(snapshot: Path, out: Path, *, repo_id: str, revision: str
         raise LRCError(f"{repo_id!r}: unreadable config.json ({err})") from err
     with atomic_dir(out) as tmp:
         for name in keep:
-            shutil.copyfile(snapshot / name, tmp / name)  # follows the cache's symlinks
+            if link and name.endswith(".safetensors"):
+                (tmp / name).symlink_to((snapshot / name).resolve())  # the cache's blob itself
+            else:
+                shutil.copyfile(snapshot / name, tmp / name)  # follows the cache's symlinks
         if before_commit is not None:
             before_commit(tmp, keep)
     return keep

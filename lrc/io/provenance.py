@@ -182,3 +182,12 @@ def is_main_process() -> bool:
     """True on the process that writes outputs; the launcher's RANK, so it may be asked before
     accelerate's state exists (creating that state early breaks a multi-process launch)."""
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def sha256_file(path: str | Path) -> str:
+    """SHA-256 of a file's content (a link: of its target's), read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -26,7 +26,6 @@ every step directory's ``trainer_state.json`` (written last) also holds:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -37,7 +36,6 @@ from lrc.io import provenance
 TRAINER_STATE_FILE = "trainer_state.json"
 FILES = "files"  # trainer-state keys
 TRAINED_BY = "trained_by"
-_CHUNK = 1 << 24
 
 
 class DamagedCheckpoint(Exception):
@@ -52,19 +50,11 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def hash_files(step_dir: Path, *, skip: Iterable[str]) -> dict[str, str]:
     """SHA-256 of every file under ``step_dir`` but ``skip`` (relative POSIX paths, sorted)."""
     skipped = set(skip)
     found = sorted(p for p in step_dir.rglob("*") if p.is_file())
-    return {rel: sha256_file(p) for p in found if (rel := p.relative_to(step_dir).as_posix()) not in skipped}
+    return {rel: provenance.sha256_file(p) for p in found if (rel := p.relative_to(step_dir).as_posix()) not in skipped}
 
 
 def check_files(step_dir: Path, state: dict[str, Any], *, only: Iterable[str] | None = None) -> None:
@@ -79,7 +69,7 @@ def check_files(step_dir: Path, state: dict[str, Any], *, only: Iterable[str] | 
         path = step_dir / name
         if not path.is_file():
             raise DamagedCheckpoint(path, "missing")
-        if (actual := sha256_file(path)) != recorded[name]:
+        if (actual := provenance.sha256_file(path)) != recorded[name]:
             raise DamagedCheckpoint(path, f"content changed since it was saved (sha256 {actual[:16]}..., "
                                           f"recorded {str(recorded[name])[:16]}...): the checkpoint is damaged")
 
