@@ -252,3 +252,19 @@ def test_a_table_refuses_students_trained_with_other_settings_than_the_config_na
     (results / "tiny" / "distill" / "lrc-core-s0-t1000" / "settings.json").unlink()
     assert table({"distill.train.lr": 0.003}) == 2
     assert "lrc-core-s0-t1000: it has no settings.json" in capsys.readouterr().err
+
+
+def test_a_claim_table_refuses_students_trained_with_other_settings_too(evals, tmp_path, capsys):
+    """The claim rules pass the same --expect-settings to `lrc claims`: one run at another lr refuses it."""
+    for run in ("lrc-slice-s0-t1000", "lrc-slice-s1-t1000", "lrc-dense-s0-t1000", "lrc-dense-s1-t1000",
+                "lrc-core-s0-t1000"):
+        (tmp_path / "results" / "tiny" / "distill" / run).mkdir(parents=True)
+        lr = 0.001 if run == "lrc-core-s0-t1000" else 0.003
+        (tmp_path / "results" / "tiny" / "distill" / run / "settings.json").write_text(
+            json.dumps({"settings": {"lr": lr}}))
+    out = tmp_path / "claim.csv"
+    argv = ["claims", "table1", "--inputs", *map(str, evals), "--out", str(out), "--expect-settings"]
+    assert cli.main(argv + [json.dumps({"tiny": {"lrc": {"distill.train.lr": 0.003}}})]) == 2
+    assert "lrc-core-s0-t1000 was trained with lr = 0.001" in capsys.readouterr().err and not out.exists()
+    assert cli.main(argv + [json.dumps({"tiny": {"lrc": {"distill.train.lr": 0.001}}})]) == 2
+    assert capsys.readouterr().err.count("was trained with lr = 0.003") == 4

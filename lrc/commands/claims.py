@@ -17,6 +17,8 @@ import pandas as pd
 
 from lrc import names
 from lrc.analysis.claims_rows import by_experiment
+from lrc.analysis.run_settings import check_settings
+from lrc.analysis.tables import load_evaluations
 from lrc.errors import LRCError
 from lrc.io.atomic import atomic_file
 from lrc.options import check_choice, parse_args
@@ -38,6 +40,9 @@ class ClaimsArgs:
     markdown: Path | None = field(default=None, metadata={"help": "summary only: results/claims.md", "output": "file"})
     time_file: Path | None = field(default=None, metadata={
         "help": "summary only: a file holding the run's seconds, shown in the markdown"})
+    expect_settings: str | None = field(default=None, metadata={
+        "help": "JSON experiment -> recipe -> {config key: value}: refuse students whose distill settings.json "
+                "records another value (as `lrc aggregate --expect-settings`; the claim rules pass it)"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise LRCError(f"--figure: only the saturation claim draws a figure, not {args.claim}")
     if (args.markdown or args.time_file) and args.claim != "summary":
         raise LRCError(f"--markdown/--time-file belong to the summary, not to {args.claim}")
+    if args.expect_settings is not None:
+        evaluations = [p for p in args.inputs if Path(p).suffix == ".json"]
+        check_settings(load_evaluations(evaluations), args.expect_settings)
     if args.claim == "summary":
         frame = _summary(args)
     else:

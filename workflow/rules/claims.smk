@@ -9,12 +9,14 @@ rule claim_table1:
         claim_inputs("table1"),
     output:
         report("results/claims/table1.csv", caption="../report/claim_table1.rst", category="Claims"),
+    params:
+        expect=expected_settings,
     log:
         "logs/claims/table1.log",
     conda:
         "../envs/lrc.yaml"
     shell:
-        "lrc claims table1 --inputs {input} --out {output} > {log} 2>&1"
+        "lrc claims table1 --inputs {input} --expect-settings {params.expect} --out {output} > {log} 2>&1"
 
 
 rule claim_controls:
@@ -22,12 +24,14 @@ rule claim_controls:
         claim_inputs("controls"),
     output:
         report("results/claims/controls.csv", caption="../report/claim_controls.rst", category="Claims"),
+    params:
+        expect=expected_settings,
     log:
         "logs/claims/controls.log",
     conda:
         "../envs/lrc.yaml"
     shell:
-        "lrc claims controls --inputs {input} --out {output} > {log} 2>&1"
+        "lrc claims controls --inputs {input} --expect-settings {params.expect} --out {output} > {log} 2>&1"
 
 
 rule claim_cross_recipe:
@@ -35,12 +39,14 @@ rule claim_cross_recipe:
         claim_inputs("cross_recipe"),
     output:
         report("results/claims/cross_recipe.csv", caption="../report/claim_cross_recipe.rst", category="Claims"),
+    params:
+        expect=expected_settings,
     log:
         "logs/claims/cross_recipe.log",
     conda:
         "../envs/lrc.yaml"
     shell:
-        "lrc claims cross_recipe --inputs {input} --out {output} > {log} 2>&1"
+        "lrc claims cross_recipe --inputs {input} --expect-settings {params.expect} --out {output} > {log} 2>&1"
 
 
 rule claim_saturation:
@@ -50,12 +56,15 @@ rule claim_saturation:
         csv=report("results/claims/saturation.csv", caption="../report/claim_saturation.rst", category="Claims"),
         png=report("results/claims/saturation.png", caption="../report/claim_saturation_figure.rst", category="Figures"),
         pdf="results/claims/saturation.pdf",
+    params:
+        expect=expected_settings,
     log:
         "logs/claims/saturation.log",
     conda:
         "../envs/lrc.yaml"
     shell:
-        "lrc claims saturation --inputs {input} --out {output.csv} --figure {output.png} {output.pdf} > {log} 2>&1"
+        "lrc claims saturation --inputs {input} --expect-settings {params.expect} --out {output.csv}"
+        " --figure {output.png} {output.pdf} > {log} 2>&1"
 
 
 rule claim_knockout:
@@ -63,12 +72,14 @@ rule claim_knockout:
         claim_inputs("knockout"),
     output:
         report("results/claims/knockout.csv", caption="../report/claim_knockout.rst", category="Claims"),
+    params:
+        expect=expected_settings,
     log:
         "logs/claims/knockout.log",
     conda:
         "../envs/lrc.yaml"
     shell:
-        "lrc claims knockout --inputs {input} --out {output} > {log} 2>&1"
+        "lrc claims knockout --inputs {input} --expect-settings {params.expect} --out {output} > {log} 2>&1"
 
 
 rule claim_sft:
@@ -76,12 +87,14 @@ rule claim_sft:
         claim_inputs("sft"),
     output:
         report("results/claims/sft.csv", caption="../report/claim_sft.rst", category="Claims"),
+    params:
+        expect=expected_settings,
     log:
         "logs/claims/sft.log",
     conda:
         "../envs/lrc.yaml"
     shell:
-        "lrc claims sft --inputs {input} --out {output} > {log} 2>&1"
+        "lrc claims sft --inputs {input} --expect-settings {params.expect} --out {output} > {log} 2>&1"
 
 
 rule claim_coordinates:
