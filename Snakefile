@@ -2,6 +2,8 @@
 # -> tables, figure, report.  Settings live in the config (see workflow/schemas/config.schema.yaml);
 # each rule hands one config section to one `lrc` command as flags.
 
+import os
+
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
@@ -10,11 +12,13 @@ from lrc.workflow.config import yaml_syntax_problem
 min_version("9.0")
 
 
+# Without --configfile: the working directory's config/config.yaml (a project laid out as the Snakemake
+# catalog's), else the built-in tiny world beside this file, so `snakemake -s <checkout>/Snakefile` runs anywhere.
+DEFAULT_CONFIG = next(c for c in ("config/config.yaml", f"{workflow.basedir}/config/config.yaml") if os.path.exists(c))
+
 # A config file's YAML error, a key given twice (YAML keeps the last silently) or non-UTF-8 text,
 # named with its file and line (Snakemake's own message names neither; it reads a --configfile
 # before this file runs, so only a key given twice reaches here from one).
-# The built-in default lies beside this file, so `snakemake -s <checkout>/Snakefile` runs it from any directory.
-DEFAULT_CONFIG = f"{workflow.basedir}/config/config.yaml"
 for config_file in workflow.overwrite_configfiles or [DEFAULT_CONFIG]:
     if problem := yaml_syntax_problem(config_file):
         raise WorkflowError(problem)
