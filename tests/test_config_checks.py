@@ -14,9 +14,14 @@ from tests.workflow_helpers import ROOT, default_config, rule_shells
 
 
 def problems(edit, config=None, exp="tiny"):
+    """The config check run from an empty project directory: results a quick start left in the checkout
+    (its built tokenizer, its world) must not change what the check can know."""
+    import tempfile
+
     config = config or default_config()
     edit(config["experiments"][exp])
-    return wc.config_problems(config, rule_shells(), workdir=ROOT)
+    with tempfile.TemporaryDirectory() as workdir:
+        return wc.config_problems(config, rule_shells(), workdir=workdir, repo=ROOT)
 
 
 def paper(name="llama3.2-3b"):
