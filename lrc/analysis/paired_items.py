@@ -64,9 +64,10 @@ def compare_table(a: tuple[str, Path, dict[str, Any]], b: tuple[str, Path, dict[
     for task in shared:
         metric = a_tasks[task]["metric"]
         pairs = paired_scores((a_name, a_dir), (b_name, b_dir), task, metric)
-        diff = t_interval([y - x for x, y in pairs], level)
+        differences = [y - x for x, y in pairs]
+        diff = t_interval(differences, level)
         rows.append({"task": task, "metric": metric, "items": len(pairs),
                      "a": sum(x for x, _ in pairs) / len(pairs), "b": sum(y for _, y in pairs) / len(pairs),
                      "b_minus_a": diff.mean, "ci_low": diff.low, "ci_high": diff.high,
-                     "p": paired_t_pvalue([y - x for x, y in pairs])})
+                     "p": paired_t_pvalue(differences)})
     return pd.DataFrame(rows)

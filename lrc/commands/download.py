@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from lrc.io.hub import copy_teacher_files, fetch_snapshot
-from lrc.io.provenance import sha256_file
-from lrc.io.provenance import write_settings
+from lrc.io.provenance import sha256_file, write_settings
 from lrc.options import parse_args
 
 
@@ -28,9 +27,10 @@ class DownloadArgs:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(DownloadArgs, argv, prog="lrc download")
     snapshot = fetch_snapshot(args.repo_id, args.revision, args.cache_dir)
-    # The snapshot folder is named by the commit the revision resolved to.
+
     def record(tmp: Path, keep: list[str]) -> None:
         weights = {n: sha256_file(tmp / n) for n in keep if n.endswith(".safetensors")}
+        # The snapshot folder is named by the commit the revision resolved to.
         write_settings(tmp, "download", args, commit=snapshot.name, files=keep, weights_sha256=weights,
                        linked=sorted(weights) if args.link else [])
 

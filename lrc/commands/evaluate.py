@@ -33,7 +33,7 @@ from lrc.io.hf import has_tokenizer, load_causal_lm, load_tokenizer
 from lrc.io.lm_eval_records import records_dir, write_records
 from lrc.io.lm_eval_tasks import open_suite, task_index
 from lrc.io.provenance import library_versions, provenance
-from lrc.io.suites import load_suite
+from lrc.io.suites import load_suite, selected_tasks
 from lrc.io.tokens import TokenDataset, check_vocab, tokenizer_fingerprint
 from lrc.method.losses import kl_per_position, next_token_nll
 from lrc.options import check_replaceable, parse_args
@@ -95,22 +95,6 @@ class EvaluateArgs:
 
 # ---------------------------------------------------------------------------------------
 # The lm-eval call
-
-
-def selected_tasks(suite: dict[str, Any], only: list[str] | None) -> dict[str, dict[str, Any]]:
-    tasks = suite["tasks"]
-    if only and suite["name"] == "lm-eval":
-        only = [t.partition(":")[0] for t in only]
-    if only:
-        unknown = [t for t in only if t not in tasks]
-        if unknown:
-            raise LRCError(f"--tasks {unknown} not in suite {suite['name']!r}; it has: {', '.join(tasks)}")
-        tasks = {t: tasks[t] for t in only}
-    out = {}
-    for name, spec in tasks.items():
-        chance = spec.get("chance", 1.0 / spec["choices"] if "choices" in spec else None)
-        out[name] = {"metric": spec["metric"], "chance": chance}
-    return out
 
 
 def prepare_include_dir(tasks_dir: Path, names: Sequence[str], into: Path, files: dict[str, str] | None = None) -> Path:
@@ -330,9 +314,10 @@ def hf_model_args(text: str | None) -> dict[str, Any]:
 
 
 def run_suite(args: EvaluateArgs, suite: dict[str, Any], tasks: dict[str, dict[str, Any]], model, tokenizer,
-              device: torch.device) -> tuple[dict[str, dict[str, Any]], list[str], int | float | None, dict]:
-    """lm-eval on the chosen tasks: (task results, the tiny suite's question contexts, the limit used,
-    lm-eval's own results with its samples)."""
+              device: torch.device, manager: Any = None
+              ) -> tuple[dict[str, dict[str, Any]], list[str], int | float | None, dict]:
+    """lm-eval on the chosen tasks (``manager``: lm-eval's task index, when already built): (task results,
+    the tiny suite's question contexts, the limit used, lm-eval's own results with its samples)."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
@@ -340,7 +325,7 @@ def run_suite(args: EvaluateArgs, suite: dict[str, Any], tasks: dict[str, dict[s
     files = {name: suite["tasks"][name].get("file", f"{name}.yaml") for name in tasks}
     with tempfile.TemporaryDirectory(prefix="lrc-eval-") as tmp:
         include = prepare_include_dir(args.tasks_dir, list(tasks), Path(tmp), files) if local else None
-        call = lm_eval_call(args, tasks, suite.get("manager") or task_manager(args, include))
+        call = lm_eval_call(args, tasks, manager or task_manager(args, include))
         check_tasks_known(call["task_manager"], tasks)
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=args.batch_size, device=str(device),
                   trust_remote_code=False, **hf_model_args(args.model_args))
@@ -360,12 +345,10 @@ def evaluate(args: EvaluateArgs) -> tuple[dict[str, Any], dict[str, Any] | None]
     if args.threads:
         # On a shared CPU, fewer threads than torch's default avoid oversubscription stalls.
         torch.set_num_threads(args.threads)
-    if args.suite == "lm-eval":
-        manager = task_manager(args, None)
-        suite = open_suite(args.tasks, manager) | {"manager": manager}
-    else:
-        suite = load_suite(args.suite, args.tasks_dir)
-    tasks = selected_tasks(suite, args.tasks)
+    manager = task_manager(args, None) if args.suite == "lm-eval" else None
+    # Suite lm-eval is the named tasks themselves (task:metric already read); another suite is narrowed to them.
+    suite = open_suite(args.tasks, manager) if manager is not None else load_suite(args.suite, args.tasks_dir)
+    tasks = selected_tasks(suite, None if manager is not None else args.tasks)
     device = resolve_device(args.device)
     model = load_model(args.model, device)
     tokenizer = load_tokenizer(args.tokenizer or args.model)
@@ -375,7 +358,7 @@ def evaluate(args: EvaluateArgs) -> tuple[dict[str, Any], dict[str, Any] | None]
     heldout = TokenDataset(args.heldout, expect_tokenizer=tokenizer) if args.heldout is not None else None
     if heldout is not None:
         check_vocab(heldout, model)
-    task_results, contexts, limit, raw = (run_suite(args, suite, tasks, model, tokenizer, device) if tasks
+    task_results, contexts, limit, raw = (run_suite(args, suite, tasks, model, tokenizer, device, manager) if tasks
                                           else ({}, [], None, None))
     values = [t["value"] for t in task_results.values()]
     logprobs = [t["answer_logprob"] for t in task_results.values() if "answer_logprob" in t]

@@ -15,7 +15,7 @@ from lrc.errors import LRCError
 from lrc.io.atomic import write_json_atomic
 from lrc.io.lm_eval_tasks import fetch_tasks, open_suite, task_index
 from lrc.io.provenance import library_versions, provenance
-from lrc.io.suites import load_suite
+from lrc.io.suites import load_suite, selected_tasks
 from lrc.options import parse_args
 
 
@@ -40,12 +40,8 @@ class FetchTasksArgs:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(FetchTasksArgs, argv, prog="lrc fetch-tasks")
     manager = task_index(args.include_path)
-    names = list((open_suite(args.tasks, manager) if args.suite == "lm-eval" else load_suite("paper"))["tasks"])
-    if args.suite == "paper" and args.tasks:
-        unknown = [t for t in args.tasks if t not in names]
-        if unknown:
-            raise LRCError(f"--tasks {unknown} not in suite 'paper'; it has: {', '.join(names)}")
-        names = list(args.tasks)
+    names = list(open_suite(args.tasks, manager)["tasks"] if args.suite == "lm-eval"
+                 else selected_tasks(load_suite("paper"), args.tasks))
     fetched = fetch_tasks(names, manager)
     write_json_atomic(args.out, {"suite": args.suite, "tasks": fetched, "lm_eval": library_versions()["lm_eval"],
                                  "settings": provenance("fetch-tasks", args)})

@@ -21,7 +21,6 @@ Nothing is fetched: both paths read only local files. The output appears atomica
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from lrc.io.hub import wanted
+from lrc.io.hub import place_teacher_files, wanted
 from lrc.errors import LRCError
 from lrc.io.atomic import atomic_dir
 from lrc.io.hf import SUPPORTED_MODEL_TYPES, load_causal_lm, load_teacher, read_config
@@ -154,13 +153,8 @@ def import_local(directory: Path, out: Path, args: ImportTeacherArgs) -> dict[st
     names = sorted(p.name for p in directory.iterdir() if p.is_file() and wanted(p.name))
     if not any(n.endswith(".safetensors") for n in names):
         raise LRCError(f"--path {directory}: no safetensors weights (pickled weights are refused)")
-    linked = [n for n in names if args.link and n.endswith(".safetensors")]
     with atomic_dir(out) as tmp:
-        for name in names:
-            if name in linked:
-                (tmp / name).symlink_to((directory / name).resolve())
-            else:
-                shutil.copyfile(directory / name, tmp / name)
+        linked = place_teacher_files(directory, names, tmp, link=args.link)
         hashes = {name: sha256_file(tmp / name) for name in names}
         model = load_causal_lm(tmp, dtype=torch.float32, role="--path")  # refuses a broken copy now, not later
         record = {"source_dir": str(directory.resolve()), "file_sha256": hashes, "linked": linked,

@@ -39,7 +39,8 @@ from lrc.method.student import load_lrc_state, read_lrc_meta
 from lrc.options import parse_args
 
 SAVE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-GREEDY_TOKENS = 8  # the generation check: tokens generated after a prompt of the check batch's first row
+# The generation check: GREEDY_TOKENS generated after the first PROMPT_TOKENS of the check batch's first row.
+PROMPT_TOKENS, GREEDY_TOKENS = 8, 8
 
 
 def _resolve(model, dotted: str) -> torch.Tensor:
@@ -150,7 +151,7 @@ def _save_and_check(student, merged, tmp: Path, tokenizer, check_ids, atol: floa
         reloaded = load_causal_lm(tmp, dtype=merged.dtype, role="merged model")
         reloaded.to(next(student.parameters()).device)  # same device as the reference logits
         diff = (_logits(reloaded, check_ids) - reference).abs().max().item()
-        generation = generation_check(student, reloaded, check_ids[0, :8], atol)
+        generation = generation_check(student, reloaded, check_ids[0, :PROMPT_TOKENS], atol)
     finally:
         student.train(was_training)
     check = {

@@ -57,6 +57,18 @@ def fetch_snapshot(repo_id: str, revision: str, cache_dir: Path | None = None) -
                        "and set HF_HUB_OFFLINE=1.") from err
 
 
+def place_teacher_files(source: Path, names: list[str], into: Path, *, link: bool) -> list[str]:
+    """Put the teacher files ``names`` of ``source`` into ``into``: the weights (``*.safetensors``) as
+    symbolic links to the files behind them when ``link``, everything else copied. Returns the linked names."""
+    linked = [n for n in names if link and n.endswith(".safetensors")]
+    for name in names:
+        if name in linked:
+            (into / name).symlink_to((source / name).resolve())  # the file itself (a hub cache's blob)
+        else:
+            shutil.copyfile(source / name, into / name)  # follows a cache's symlinks
+    return linked
+
+
 def copy_teacher_files(snapshot: Path, out: Path, *, repo_id: str, revision: str, before_commit=None,
                        link: bool = False) -> list[str]:
     """Copy the wanted files of a snapshot into ``out`` atomically (``link``: the weights as symbolic
@@ -75,11 +87,7 @@ def copy_teacher_files(snapshot: Path, out: Path, *, repo_id: str, revision: str
     except (OSError, json.JSONDecodeError) as err:
         raise LRCError(f"{repo_id!r}: unreadable config.json ({err})") from err
     with atomic_dir(out) as tmp:
-        for name in keep:
-            if link and name.endswith(".safetensors"):
-                (tmp / name).symlink_to((snapshot / name).resolve())  # the cache's blob itself
-            else:
-                shutil.copyfile(snapshot / name, tmp / name)  # follows the cache's symlinks
+        place_teacher_files(snapshot, keep, tmp, link=link)
         if before_commit is not None:
             before_commit(tmp, keep)
     return keep

@@ -79,11 +79,10 @@ from torch.utils.data import DataLoader, Dataset
 from lrc.errors import LRCError
 from lrc.io.hf import cast_weights, trainable_parameters
 from lrc.training import checkpoint as ckpt
-from lrc.training import recompute, sharding
+from lrc.training import recompute, sharding, trackers
 from lrc.training.args import TrainArgs  # also the name's old import path (tests, scripts)
 from lrc.training.guards import DivergenceGuard, steps_of_budget
 from lrc.training.optim import CoordinateAdamW, coordinate_maps
-from lrc.training import trackers
 from lrc.training.steplog import StepLog
 
 # Settings that change the trajectory (activation_checkpointing does not): a checkpoint made with other values is not

@@ -39,6 +39,21 @@ def load_suite(name: str, tasks_dir: str | Path | None = None) -> dict[str, Any]
     return _read(name)
 
 
+def selected_tasks(suite: dict[str, Any], only: list[str] | None) -> dict[str, dict[str, Any]]:
+    """The suite's tasks (``only`` those named, each known to the suite), each with its metric and chance."""
+    tasks = suite["tasks"]
+    if only:
+        unknown = [t for t in only if t not in tasks]
+        if unknown:
+            raise LRCError(f"--tasks {unknown} not in suite {suite['name']!r}; it has: {', '.join(tasks)}")
+        tasks = {t: tasks[t] for t in only}
+    out = {}
+    for name, spec in tasks.items():
+        chance = spec.get("chance", 1.0 / spec["choices"] if "choices" in spec else None)
+        out[name] = {"metric": spec["metric"], "chance": chance}
+    return out
+
+
 def local_suite(tasks_dir: Path) -> dict[str, Any]:
     """A local lm-eval task directory as a suite. Each task may name its YAML (``file``);
     without ``suite.yaml`` every YAML with a ``task:`` key is a task, scored with the first
