@@ -167,10 +167,14 @@ def placement(out: Path, kind: str) -> None:
     seen["after"] = {"dtensors": sum(isinstance(p, DTensor) for p in student.parameters()), "tied": tied_of(student),
                      "plain_class": type(student).__name__ == type(teacher).__name__}
     (out / f"placement-{r.accelerator.process_index}.json").write_text(json.dumps(seen))
-    r.accelerator.end_training()  # destroys the process group: gloo left to the exit can abort
 
 
 if __name__ == "__main__":
+    from lrc.cli import end_process_group
+
     torch.set_num_threads(1)
     if sys.argv[1] == "placement":
         placement(Path(sys.argv[2]), sys.argv[3])
+    # As `lrc` does, once the run's objects are gone: ended inside placement(), the group lived on in
+    # its DTensors' device mesh until the interpreter's exit, where gloo aborted the process (CI, once).
+    end_process_group()
