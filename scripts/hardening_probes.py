@@ -29,7 +29,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "test.yaml"
 KEPT = ("results", "checkpoints")
-INTEGRITY = "tests/test_checkpoint_integrity.py"  # what must come out of every probe byte for byte
+INTEGRITY = "tests/training/test_checkpoint_integrity.py"  # what must come out of every probe byte for byte
 
 
 def snapshot() -> dict[str, str]:
@@ -166,7 +166,8 @@ def probes(tmp: Path, exp: str) -> list[tuple[str, str, list[str], str | None]]:
                       "that_code"),
          None),
         ("6 divergence", "a huge learning rate",
-         pytest_probe("tests/test_guards.py::test_a_huge_learning_rate_is_stopped_by_the_default_guard"), None),
+         pytest_probe("tests/training/test_guards.py::test_a_huge_learning_rate_is_stopped_by_the_default_guard"),
+         None),
         ("7 mixed tables", "aggregate students trained at lr 0.003 under a config saying 0.002",
          lrc("aggregate", "--table", "table1", "--inputs", *sorted(str(p.relative_to(ROOT)) for p in
                                                                  (ROOT / results / "eval").glob("*.json")),
@@ -180,10 +181,10 @@ def probes(tmp: Path, exp: str) -> list[tuple[str, str, list[str], str | None]]:
         ("8 smaller", "a non-UTF-8 config file (read by Snakemake before the workflow: its own message)",
          snake + [str(latin1)], "UnicodeDecodeError"),
         ("8 smaller", "a read-only output directory; a full disk",
-         pytest_probe("tests/test_outputs.py::test_a_read_only_place_is_refused_before_any_work",
-                      "tests/test_disk_full.py"), None),
+         pytest_probe("tests/io/test_outputs.py::test_a_read_only_place_is_refused_before_any_work",
+                      "tests/training/test_disk_full.py"), None),
         ("8 smaller", "a 1 Mi-character document tokenised in pieces",
-         pytest_probe("tests/test_tokenize.py::test_a_document_longer_than_a_piece_gives_the_ids_of_the_whole"),
+         pytest_probe("tests/commands/test_tokenize.py::test_a_document_longer_than_a_piece_gives_the_ids_of_the_whole"),
          None),
     ]
 

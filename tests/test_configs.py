@@ -53,7 +53,7 @@ def test_every_config_is_listed():
 @pytest.mark.parametrize("path", ["config/config.yaml", "config/test.yaml"])
 def test_local_configs_checkpoint_every_training_stage(path):
     """A killed local run resumes instead of restarting from step 0 (checkpoints do not change
-    the trajectory: resuming reaches the same weights, tests/test_resume.py)."""
+    the trajectory: resuming reaches the same weights, tests/training/test_resume.py)."""
     (x,) = load(ROOT / path)["experiments"].values()
     for where in (x["teacher"]["pretrain"], x["warmstart"], x["distill"]["train"], x["sft"]["train"]):
         assert where.get("checkpoint_every", 0) > 0, where

@@ -1,5 +1,5 @@
-"""The small training run that tests/test_multiprocess.py runs on 1 and 2 processes (as a script under
-`accelerate launch`), and that tests/test_fsdp.py compares with FSDP2: a plain Llama on the LM objective
+"""The small training run that tests/training/test_multiprocess.py runs on 1 and 2 processes (as a script under
+`accelerate launch`), and that tests/training/test_fsdp.py compares with FSDP2: a plain Llama on the LM objective
 or an LRC student with the `lrc` recipe, its trainable weights and summary saved."""
 
 from __future__ import annotations

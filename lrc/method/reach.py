@@ -35,8 +35,8 @@ in ``lrc.json``):
   :class:`lrc.training.optim.CoordinateAdamW` maps the gradient to the coordinates (the map's
   adjoint, ``coordinates``), keeps AdamW's moments and the coordinates there and writes W back,
   once per optimiser step: two ``ormqr`` products per matrix and step instead of two per
-  micro-batch. Same trajectory as the parametrised arm (tests/test_coordinates.py,
-  tests/test_complement_path.py).
+  micro-batch. Same trajectory as the parametrised arm (tests/training/test_coordinates.py,
+  tests/method/test_complement_path.py).
 * ``"optimizer-wy"`` (coreortho only): as ``"optimizer"``, with the whole ``[U_r U_perp]·[A; C]`` applied as
   one product with ``Q = I - V·T·Vᵀ`` (:func:`lrc.method.spectral.compact_wy`; ``U_r =
   Q[:, :H]·diag(s)``): three plain matrix products, ``4·d_ff·H·r + 2·H²·r`` flops per map
@@ -50,7 +50,7 @@ in ``lrc.json``):
   thread at those widths (d_ff 8192, H 3072, r 1536), per matrix and step (both maps):
   2.15 s vs 3.36 s with ``ormqr``. Same math, other rounding: its 50-step trajectory
   differs from the reference by ~1e-4 (relative), inside the reference's own sensitivity
-  to rounding (tests/test_coordinates.py), where ``"optimizer"`` reproduces the
+  to rounding (tests/training/test_coordinates.py), where ``"optimizer"`` reproduces the
   reference's ``ormqr`` rounding (~2e-6). Not yet measured on a GPU.
 * ``"parametrized"``: the reference: ``[A; C]`` is the stored tensor of a parametrisation,
   W rebuilt in every forward (and its transpose product in every backward).

@@ -1,7 +1,7 @@
 """Kill a training command with SIGKILL mid-run, restart it: the result equals an uninterrupted run.
 
 The command is `lrc pretrain` (every training command shares the loop and its checkpoints;
-tests/test_distill_cli.py repeats this for `lrc distill` when the LRC core is present).
+tests/commands/test_distill_cli.py repeats this for `lrc distill` when the LRC core is present).
 On the CPU the weights must be bitwise equal: the data order is a function of the step, the
 checkpoint restores parameters, AdamW moments, the schedule and the RNG exactly, and the
 restarted process runs the same kernels with the same thread count.

@@ -9,7 +9,7 @@ and 1e-5 absolute on every saved weight (measured: ~1e-7; a broken tie, a wrong 
 wrong loss scale moves them by 1e-3 or more). A run killed mid-way and restarted under FSDP
 ends bitwise equal to an uninterrupted FSDP run.
 
-Also run as a script by the placement test: ``python tests/test_fsdp.py placement OUT KIND``.
+Also run as a script by the placement test: ``python tests/training/test_fsdp.py placement OUT KIND``.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def test_fsdp2_plain_lm_follows_one_process(tmp_path):
     """A plain Llama on the LM objective, as `lrc pretrain`/`lrc sft` train it (no LRC
     parametrisation: accelerate's own wrapping), equal to 1 process."""
     run_training(tmp_path / "p1", "lm")
-    run([*launch(str(REPO / "tests" / "test_multiprocess.py"), str(tmp_path / "p2"), "lm")])
+    run([*launch(str(REPO / "tests" / "training" / "test_multiprocess.py"), str(tmp_path / "p2"), "lm")])
     curve = lambda o: [json.loads(x)["loss"]  # noqa: E731
                        for x in Path(json.loads((o / "summary.json").read_text())["metrics"]).read_text().splitlines()]
     c1, c2 = curve(tmp_path / "p1"), curve(tmp_path / "p2")

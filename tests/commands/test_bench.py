@@ -133,7 +133,7 @@ def test_interleaved_steps_alternate_the_arms_in_one_process(tmp_path):
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     _write_teacher_config(tmp_path)
     out = tmp_path / "steps.csv"
     proc = subprocess.run([sys.executable, str(repo / "scripts" / "interleaved_steps.py"),

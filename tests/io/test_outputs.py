@@ -22,7 +22,7 @@ from lrc.errors import LRCError
 from lrc.io.atomic import atomic_dir, atomic_file
 from lrc.options import OUTPUT_MARKER, args_class, output_owner
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The smallest world `lrc world` makes: a fraction of a second once its imports are loaded.
 TINY_WORLD = ["--size", "test", "--people", "5", "--cities", "4", "--docs-per-person", "1",
               "--valid-docs-per-person", "1", "--eval-docs", "5", "--vocab-size", "300"]

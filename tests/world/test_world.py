@@ -84,7 +84,7 @@ def test_values_are_balanced_so_frequency_alone_is_at_chance(world):
 def test_tasks_are_well_formed_multiple_choice(world):
     record = json.loads((world / "world.json").read_text())
     people = {p["name"]: p for p in record["people"]}
-    suite = yaml.safe_load((Path(__file__).parents[1] / "lrc/io/suites/tiny.yaml").read_text())
+    suite = yaml.safe_load((Path(__file__).parents[2] / "lrc/io/suites/tiny.yaml").read_text())
     assert set(record["tasks"]) == set(suite["tasks"])
     for name, spec in suite["tasks"].items():
         config = yaml.safe_load((world / "tasks" / f"{name}.yaml").read_text())

@@ -29,7 +29,7 @@ from lrc.training.loop import TrainArgs, train
 from lrc.training.outputs import save_hf_output
 from tests.helpers import SEQ, RandomTokens, tiny_llama
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
 ARGS = dict(tokens=SEQ * 8 * STEPS, batch_size=8, micro_batch_size=4, lr=3e-3, warmup=0.1, log_every=1,
             checkpoint_every=2, progress=False)

@@ -2,7 +2,7 @@
 gradients and trajectory as without it, the layers really rerun in backward, the parametrised
 weights built once per micro-batch, less kept alive, resume and 2 processes unchanged.
 
-Run as a script (what the 2-process test launches): ``python tests/test_recompute.py OUT``.
+Run as a script (what the 2-process test launches): ``python tests/training/test_recompute.py OUT``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tests.helpers import SEQ, RandomTokens, make_teacher, tiny_llama
 from tests.recompute_helpers import ARM_IMPLS, fit, masked_batch, perturbed_student
 from tests.workflow_helpers import default_config, rule_shells
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class _Counts:
@@ -249,7 +249,7 @@ def test_two_checkpointed_processes_follow_one(tmp_path):
     w1, w2 = (load_file(str(tmp_path / p / "weights.safetensors")) for p in ("p1", "p2"))
     diff = max(float((w1[n] - w2[n]).abs().max()) for n in w1)
     print(f"checkpointed, 1 vs 2 processes: max relative loss difference {rel:.2e}, max |weight difference| {diff:.2e}")
-    assert rel < 1e-4 and diff < 1e-4  # the tolerances of tests/test_multiprocess.py
+    assert rel < 1e-4 and diff < 1e-4  # the tolerances of tests/training/test_multiprocess.py
 
 
 if __name__ == "__main__":

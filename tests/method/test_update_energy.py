@@ -164,7 +164,7 @@ def test_two_processes_write_the_one_process_rows_once(world, tmp_path):
     import subprocess
     import sys
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1",
                         "ACCELERATE_USE_CPU": "1"}
     args = ["distill", *common(world, tmp_path / "p2", "--warmstart", str(world / "ws"), "--arm", "core", "--tokens",

@@ -19,7 +19,7 @@ from lrc.training.loop import TrainArgs, train
 from lrc.training.outputs import copy_metrics
 from tests.helpers import ENV, SEQ, RandomTokens, tiny_llama
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
 # keep_checkpoints="all": these tests stage a kill just before DONE, when both full checkpoints
 # still exist (retention runs only after DONE), by removing the DONE of a finished run.

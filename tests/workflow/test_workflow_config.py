@@ -292,7 +292,7 @@ def ckpt_dir(*args) -> str:
 
 
 def test_checkpoint_key_hashes_every_param_and_the_inputs_content(tmp_path, monkeypatch):
-    """More in tests/test_checkpoint_integrity.py: a rebuilt input of the same bytes keeps its key."""
+    """More in tests/training/test_checkpoint_integrity.py: a rebuilt input of the same bytes keeps its key."""
     monkeypatch.chdir(tmp_path)  # the hash cache goes to ./checkpoints
     inp = tmp_path / "in"
     inp.mkdir()

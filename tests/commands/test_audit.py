@@ -22,7 +22,7 @@ from lrc.method.reachability import (
 from lrc.method.student import build_student, trainable_parameters
 from tests.helpers import make_teacher
 
-TEACHERS = Path(__file__).resolve().parent.parent / "config" / "teachers"
+TEACHERS = Path(__file__).resolve().parents[2] / "config" / "teachers"
 
 
 @pytest.mark.parametrize(

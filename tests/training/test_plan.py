@@ -25,7 +25,7 @@ from lrc.errors import LRCError
 from lrc.io.hf import load_model_config
 from lrc.training.memory import StepSpec, trace_step
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Llama-shaped, tied, a vocabulary large enough that the loss's [B, L, V] tensors weigh as
 # they do at paper scale; small enough for a step in seconds on one thread.

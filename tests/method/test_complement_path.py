@@ -3,7 +3,7 @@
 At step 0 it is the warm start (its factor F is the slice's own, C = 0), its gradient on F is
 plain LRC's, its map is linear, injective and not orthogonal, and the optimiser-step path
 clips the coordinates' gradient as the parametrised reference does (the trajectory parity of
-both paths over 50 AdamW steps: tests/test_coordinates.py).
+both paths over 50 AdamW steps: tests/training/test_coordinates.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ so the curves agree to float32 rounding amplified by a few Adam steps. Tolerance
 relative on every logged loss and 1e-4 absolute on every final weight (measured: about
 1e-6; a wrong sharding or loss scaling moves them by 1e-2 or more).
 
-Run as a script (what the test launches): ``python tests/test_multiprocess.py OUT``.
+Run as a script (what the test launches): ``python tests/training/test_multiprocess.py OUT``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 
 from tests.training_runs import STEPS, run_training
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _curve(out: Path) -> list[float]:
@@ -36,7 +36,7 @@ def _curve(out: Path) -> list[float]:
 def test_two_processes_follow_one_process(tmp_path, kind):
     from safetensors.torch import load_file
 
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests") + os.pathsep + str(REPO),
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
                         "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1"}
     script = str(Path(__file__).resolve())
     subprocess.run([sys.executable, script, str(tmp_path / "p1"), kind], check=True, env=env, cwd=REPO, timeout=300)
@@ -95,7 +95,7 @@ def test_ddp_gradients_are_bucket_views_and_buffers_not_broadcast():
 def test_shipped_accelerate_configs_parse(name):
     """Every shipped config loads with accelerate's own loader and says what its comments say.
 
-    (FSDP runs here on CPU processes: tests/test_fsdp.py, with fsdp-cpu2.yaml.)
+    (FSDP runs here on CPU processes: tests/training/test_fsdp.py, with fsdp-cpu2.yaml.)
     """
     from accelerate.commands.config.config_args import load_config_from_file
 

@@ -20,7 +20,7 @@ H, D_FF = 32, 96
 
 def arm_student(teacher, arm, bases, seed=0, core_impl="optimizer"):
     if core_impl == "optimizer-wy" and arm in COMPLEMENT_ARMS:
-        core_impl = "optimizer"  # the wy form is coreortho's (tests/test_complement_path.py: refused)
+        core_impl = "optimizer"  # the wy form is coreortho's (tests/method/test_complement_path.py: refused)
     student = build_student(teacher, R, seed=seed)
     apply_arm(student, teacher, arm, bases=bases, seed=7, core_impl=core_impl)
     return student
