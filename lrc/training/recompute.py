@@ -43,7 +43,6 @@ import contextlib
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 from lrc.errors import LRCError
 
@@ -86,6 +85,10 @@ def _bare(model: nn.Module) -> nn.Module:
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The decoder layers of a Hugging Face causal LM (``model.model.layers``)."""
+    # Imported here: the workflow's dry run imports the command modules for their options, and
+    # transformers' modelling stack would cost it 2 s.
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
     layers = list(getattr(getattr(_bare(model), "model", None), "layers", None) or [])
     if not layers or not all(isinstance(layer, GradientCheckpointingLayer) for layer in layers):
         raise LRCError(f"--activation-checkpointing: {type(_bare(model)).__name__} has no transformers decoder layers "

@@ -3,6 +3,7 @@ option values (lrc.options), without Snakemake: each bad input is refused with i
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Literal
@@ -419,3 +420,24 @@ def test_memory_defaults_scale_with_the_teachers_size():
     assert wc.resource({"resources": {"import_teacher": {"mem_mb": 9000}}}, "import_teacher", "mem_mb", count) == 9000
     assert wc.resource({}, "import_teacher", "mem_mb", 1000) == 4000  # a tiny teacher: the floor
     assert teacher_parameters("nowhere", {"teacher": {"source": "hub"}}, ROOT) is None
+
+
+VARIANTS = {"as-published": {}, "untied": {"tie_word_embeddings": False}, "attention-bias": {"attention_bias": True},
+            "mlp-bias": {"mlp_bias": True}, "no-head-dim": {"head_dim": None}}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("teacher", ["llama3.2-3b", "qwen2.5-3b", "llama3.1-8b"])
+def test_the_config_count_equals_transformers_count_on_the_meta_device(teacher, variant):
+    """The dry run's parameter count, read off the config without transformers, is the count of the model
+    transformers builds (shrunk to 2 layers and a small vocabulary: the per-layer shapes stay the paper's)."""
+    from lrc.workflow.value_checks import llama_family_parameters, meta_parameters
+
+    config = json.loads((ROOT / "config" / "teachers" / f"{teacher}.json").read_text())
+    config |= {"num_hidden_layers": 2, "vocab_size": 1000} | VARIANTS[variant]
+    config = {k: v for k, v in config.items() if v is not None}  # "no-...": the key left to the defaults
+    counted = llama_family_parameters(config)
+    assert counted is not None and counted == meta_parameters(config)
+    assert llama_family_parameters(config | {"model_type": "mistral"}) is None  # another family: transformers counts
+    for size in ("intermediate_size", "num_key_value_heads"):  # left to defaults (Qwen2's kv heads: 32, not the heads)
+        assert llama_family_parameters({k: v for k, v in config.items() if k != size}) is None

@@ -124,3 +124,13 @@ def test_bad_sizes_are_named(tmp_path):
     with pytest.raises(LRCError, match="rho below 2.67"):
         main(["--out", str(tmp_path / "w"), "--size", "test", "--intermediate-size", "64"])
     assert not (tmp_path / "w").exists()
+
+
+def test_the_dry_runs_count_of_the_teacher_before_the_build_is_the_built_ones(world, tmp_path):
+    """The workflow sizes the teacher's memory before the world exists, from the preset (its vocabulary the
+    tokenizer's target): within 2 % of the teacher the world then builds."""
+    from lrc.workflow.value_checks import known_teacher_config, llama_family_parameters
+
+    preset, where = known_teacher_config("w", {"teacher": {"source": "world"}, "world": {"size": "test"}}, tmp_path)
+    built = llama_family_parameters(json.loads((world / "teacher_config.json").read_text()))
+    assert where == "the world's teacher preset" and abs(llama_family_parameters(preset) - built) <= 0.02 * built
