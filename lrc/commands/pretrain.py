@@ -34,9 +34,9 @@ class PretrainArgs(TrainArgs):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from transformers import AutoModelForCausalLM
-
     args = parse_args(PretrainArgs, argv, prog="lrc pretrain")
+    from transformers import AutoModelForCausalLM  # after the options: the dry run reads them without it
+
     targs = train_args_from(args)
     if targs.threads:
         torch.set_num_threads(targs.threads)
