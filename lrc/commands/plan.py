@@ -37,6 +37,7 @@ from lrc.method.fused_loss import LOSS_IMPLS
 from lrc.method.reach import CORE_IMPLS
 from lrc.names import ARMS, MAIN_ARMS, teacher_config_places
 from lrc.options import check_choice, parse_args
+from lrc.training.cost import GPU_PEAK_TFLOPS, gpu_cost, step_flops
 from lrc.training.memory import CATEGORIES, StepSpec, trace_step
 
 GIB = 2**30
@@ -87,6 +88,15 @@ class PlanArgs:
     loss_impl: Literal["fused", "reference"] | None = field(default=None, metadata={
         "help": "CE + KL as lrc distill --loss-impl (default: the config's, else fused)"})
     layers: int = field(default=0, metadata={"help": "trace a teacher with this many decoder layers (0: the config's)"})
+    cost: bool = field(default=True, metadata={
+        "help": "count each arm's FLOPs per step on the traced step (token work, weight-side, optimiser) and give "
+                "the step time, tokens/s per GPU and GPU-hours at --mfu of --gpu's peak"})
+    gpu: Literal["h100", "h200", "h800", "a100"] = field(default="h100", metadata={
+        "help": "the GPU whose dense bf16 (fp32 runs: TF32) tensor-core peak sets the time"})
+    mfu: float = field(default=0.4, metadata={
+        "help": "share of that peak the counted FLOPs run at (the public LRC trainer: about 0.16 on H800s)"})
+    tokens: int | None = field(default=None, metadata={
+        "help": "tokens of one run, for its GPU-hours (default: the config's largest distill.tokens)"})
     out: Path | None = field(default=None, metadata={"help": "also write the plan as JSON here", "output": "file"})
 
 
@@ -106,6 +116,9 @@ class Setting:
     loss_impl: str = "fused"
     shard_optimizer: bool = False
     micro_batches: int = 1
+    tokens: int | None = None  # one run's budget (the config's largest distill.tokens)
+    arm_tokens: int | None = None  # an arm's over the config's runs
+    warmstart_tokens: int | None = None
 
 
 def _experiment(args: PlanArgs) -> tuple[str, dict]:
@@ -157,7 +170,18 @@ def _from_config(args: PlanArgs) -> dict:
         "recompute_teacher": train.get("recompute_teacher"),
         "shard_optimizer": train.get("shard_optimizer"),
         "loss_impl": train.get("loss_impl", _dig(exp, "loss", args.recipe, "loss_impl")),
+        **_budgets(exp),
     }
+
+
+def _budgets(exp: dict) -> dict:
+    """The config's token budgets: one run's (its largest), each arm's over its runs (budgets x seeds x
+    recipes) and the warm start's."""
+    budgets = _dig(exp, "distill", "tokens")
+    budgets = [b for b in budgets if isinstance(b, int)] if isinstance(budgets, list) else []
+    runs = len(_dig(exp, "distill", "seeds") or [0]) * len(_dig(exp, "distill", "recipes") or ["lrc"])
+    return {"tokens": max(budgets, default=None), "arm_tokens": sum(budgets) * runs or None,
+            "warmstart_tokens": _dig(exp, "warmstart", "tokens")}
 
 
 def resolve(args: PlanArgs) -> Setting:
@@ -180,6 +204,8 @@ def resolve(args: PlanArgs) -> Setting:
                                               for k in ("micro_batch_size", "gpus"))
         micro_batches = max(1, batch // (values["micro_batch_size"] * values["gpus"])) if fits else 1
     values["micro_batches"] = micro_batches
+    for name in ("tokens", "arm_tokens", "warmstart_tokens"):
+        values[name] = known.get(name) if isinstance(known.get(name), int) else None
     for name in ("student_hidden", "micro_batch_size", "seq_len", "gpus", "micro_batches"):
         if not isinstance(values[name], int) or values[name] < 1:
             raise LRCError(f"--{name.replace('_', '-')} must be a positive integer, got {values[name]!r}")
@@ -207,6 +233,11 @@ def check_args(args: PlanArgs) -> None:
         raise LRCError(f"--reserve-gib must be in [0, --memory-gib), got {args.reserve_gib}")
     if args.layers < 0 or args.max_micro_batch < 1:
         raise LRCError("--layers must be >= 0 and --max-micro-batch >= 1")
+    check_choice("--gpu", args.gpu, GPU_PEAK_TFLOPS)
+    if not 0 < args.mfu <= 1:
+        raise LRCError(f"--mfu is a share of the GPU's peak, in (0, 1], got {args.mfu}")
+    if args.tokens is not None and args.tokens < 1:
+        raise LRCError(f"--tokens must be positive, got {args.tokens}")
 
 
 def per_gpu(trace: dict, setting: Setting) -> dict:
@@ -237,18 +268,26 @@ class Planner:
             self.cfg.num_hidden_layers = args.layers
         self._memo: dict[int, dict] = {}
 
+    def spec(self, micro_batch: int) -> StepSpec:
+        return StepSpec(teacher_config=self.cfg, student_hidden=self.setting.student_hidden, arm=self.arm,
+                        micro_batch_size=micro_batch, seq_len=self.setting.seq_len,
+                        micro_batches=self.setting.micro_batches, precision=self.setting.precision,
+                        recipe=self.args.recipe, core_impl=self.args.core_impl, loss_impl=self.setting.loss_impl,
+                        activation_checkpointing=self.setting.activation_checkpointing,
+                        recompute_teacher=self.setting.recompute_teacher, shard_optimizer=self.setting.shard_optimizer,
+                        processes=self.setting.gpus if self.setting.sharding == "ddp" else 1)
+
     def at(self, micro_batch: int) -> dict:
         if micro_batch not in self._memo:
-            spec = StepSpec(teacher_config=self.cfg, student_hidden=self.setting.student_hidden, arm=self.arm,
-                            micro_batch_size=micro_batch, seq_len=self.setting.seq_len,
-                            micro_batches=self.setting.micro_batches, precision=self.setting.precision,
-                            recipe=self.args.recipe, core_impl=self.args.core_impl, loss_impl=self.setting.loss_impl,
-                            activation_checkpointing=self.setting.activation_checkpointing,
-                            recompute_teacher=self.setting.recompute_teacher,
-                            shard_optimizer=self.setting.shard_optimizer,
-                            processes=self.setting.gpus if self.setting.sharding == "ddp" else 1)
-            self._memo[micro_batch] = per_gpu(trace_step(spec), self.setting)
+            self._memo[micro_batch] = per_gpu(trace_step(self.spec(micro_batch)), self.setting)
         return self._memo[micro_batch]
+
+    def cost(self) -> dict:
+        """FLOPs of one GPU's step at the run's micro-batch, and what they take on --gpu at --mfu."""
+        flops = step_flops(self.spec(self.setting.micro_batch_size))
+        tokens = self.args.tokens or self.setting.tokens
+        return {"flops": flops} | gpu_cost(flops, gpu=self.args.gpu, precision=self.setting.precision,
+                                           mfu=self.args.mfu, gpus=self.setting.gpus, tokens=tokens)
 
     def fits(self, micro_batch: int) -> bool:
         return self.at(micro_batch)["peak"] <= (self.args.memory_gib - self.args.reserve_gib) * GIB
@@ -286,10 +325,23 @@ def plan(args: PlanArgs) -> dict:
         row["fits"] = planner.fits(setting.micro_batch_size)
         if args.search:
             row["largest_micro_batch"] = planner.largest_fitting()
+        if args.cost:
+            row["cost"] = planner.cost()
         rows.append(row)
+    cost = {"gpu": args.gpu, "mfu": args.mfu, "workflow_gpu_hours": _workflow_hours(rows, setting)} if args.cost else {}
     return {"setting": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(setting).items()}
                        | {"layers": args.layers or None},
-            "memory_gib": args.memory_gib, "reserve_gib": args.reserve_gib, "rows": rows}
+            "memory_gib": args.memory_gib, "reserve_gib": args.reserve_gib, "rows": rows} | cost
+
+
+def _workflow_hours(rows: list[dict], setting: Setting) -> float | None:
+    """GPU-hours of the config's distillation: each planned arm over its runs, and the warm start at
+    slice's cost per token (it trains the slice student)."""
+    if not setting.arm_tokens:
+        return None
+    per_token = {r["arm"]: r["cost"]["step_s"] / 3600 / r["cost"]["flops"]["tokens"] for r in rows}
+    hours = sum(rate * setting.arm_tokens for rate in per_token.values())
+    return hours + per_token.get("slice", 0.0) * (setting.warmstart_tokens or 0)
 
 
 def format_table(result: dict) -> str:
@@ -307,6 +359,20 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def format_cost(result: dict) -> str:
+    """Each arm's FLOPs per GPU and step, and the time they take, as a markdown table."""
+    head = (f"| arm | TFLOP per GPU-step | token work | weight-side | optimizer | step s ({result['gpu']}, "
+            f"MFU {result['mfu']:g}) | tokens/s per GPU | GPU-hours |")
+    lines = [head, "|" + "---|" * 8]
+    for r in result["rows"]:
+        c, f = r["cost"], r["cost"]["flops"]
+        share = lambda k: f"{f[k] / f['total']:.0%}"  # noqa: E731
+        hours = f"{c['gpu_hours']:,.0f}" if "gpu_hours" in c else "-"
+        lines.append(f"| {r['arm']} | {f['total'] / 1e12:,.1f} | {share('token_work')} | {share('weight_side')} | "
+                     f"{share('optimizer')} | {c['step_s']:.2f} | {c['tokens_per_s_per_gpu']:,.0f} | {hours} |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(PlanArgs, argv, prog="lrc plan")
     result = plan(args)
@@ -318,6 +384,11 @@ def main(argv: Sequence[str] | None = None) -> int:
           + (" with the teacher recomputed" if s["recompute_teacher"] else "")
           + (f", {s['layers']} layers traced" if s["layers"] else ""))
     print(format_table(result))
+    if args.cost:
+        print(format_cost(result))
+        if result["workflow_gpu_hours"]:
+            print(f"the config's distillation (the planned arms over its seeds, budgets and recipes, and the warm "
+                  f"start): {result['workflow_gpu_hours']:,.0f} GPU-hours")
     if args.out is not None:
         write_json_atomic(args.out, json.loads(json.dumps(result)))
         print(f"wrote {args.out}")
