@@ -55,8 +55,9 @@ class PlanArgs:
     teacher_config: Path | None = field(default=None, metadata={
         "help": "teacher config JSON (default with --workflow-config: config/teachers/<experiment>.json)"})
     student_hidden: int | None = field(default=None, metadata={"help": "student hidden size r"})
-    arms: list[str] = field(default_factory=lambda: list(MAIN_ARMS), metadata={
-        "help": f"arms to plan, any of {', '.join(ARMS)}"})
+    arms: list[str] | None = field(default=None, metadata={
+        "help": f"arms to plan, any of {', '.join(ARMS)} (default: the config's distill.arms, else "
+                f"{' '.join(MAIN_ARMS)})"})
     micro_batch_size: int | None = field(default=None, metadata={"help": "sequences per forward on one GPU"})
     micro_batches: int | None = field(default=None, metadata={
         "help": "forwards per optimiser step on one GPU (gradient accumulation: the gradients live "
@@ -116,6 +117,7 @@ class Setting:
     loss_impl: str = "fused"
     shard_optimizer: bool = False
     micro_batches: int = 1
+    arms: tuple[str, ...] = MAIN_ARMS
     tokens: int | None = None  # one run's budget (the config's largest distill.tokens)
     arm_tokens: int | None = None  # an arm's over the config's runs
     warmstart_tokens: int | None = None
@@ -170,6 +172,7 @@ def _from_config(args: PlanArgs) -> dict:
         "recompute_teacher": train.get("recompute_teacher"),
         "shard_optimizer": train.get("shard_optimizer"),
         "loss_impl": train.get("loss_impl", _dig(exp, "loss", args.recipe, "loss_impl")),
+        "arms": _dig(exp, "distill", "arms"),
         **_budgets(exp),
     }
 
@@ -206,6 +209,9 @@ def resolve(args: PlanArgs) -> Setting:
     values["micro_batches"] = micro_batches
     for name in ("tokens", "arm_tokens", "warmstart_tokens"):
         values[name] = known.get(name) if isinstance(known.get(name), int) else None
+    values["arms"] = tuple(args.arms or known.get("arms") or MAIN_ARMS)
+    for arm in values["arms"]:
+        check_choice("--arms", arm, ARMS)
     for name in ("student_hidden", "micro_batch_size", "seq_len", "gpus", "micro_batches"):
         if not isinstance(values[name], int) or values[name] < 1:
             raise LRCError(f"--{name.replace('_', '-')} must be a positive integer, got {values[name]!r}")
@@ -224,7 +230,7 @@ def resolve(args: PlanArgs) -> Setting:
 
 
 def check_args(args: PlanArgs) -> None:
-    for arm in args.arms:
+    for arm in args.arms or ():
         check_choice("--arms", arm, ARMS)
     check_choice("--core-impl", args.core_impl, CORE_IMPLS)
     if not args.memory_gib > 0:
@@ -319,7 +325,7 @@ def plan(args: PlanArgs) -> dict:
     check_args(args)
     setting = resolve(args)
     rows = []
-    for arm in args.arms:
+    for arm in setting.arms:
         planner = Planner(args, setting, arm)
         row = {"arm": arm, "micro_batch_size": setting.micro_batch_size} | planner.at(setting.micro_batch_size)
         row["fits"] = planner.fits(setting.micro_batch_size)

@@ -148,6 +148,12 @@ def test_a_paper_config_gives_its_distill_settings(tmp_path):
         exp["distill"]["train"].get("activation_checkpointing", False), "fused")
     assert resolve(PlanArgs(workflow_config=path, activation_checkpointing=True)).activation_checkpointing is True
     assert setting.shard_optimizer is exp["distill"]["train"].get("shard_optimizer", False)
+    # its arms, its budgets: one run's largest, every arm's over its seeds and recipes, the warm start's
+    assert setting.arms == tuple(exp["distill"]["arms"])
+    assert resolve(PlanArgs(workflow_config=path, arms=["dense"])).arms == ("dense",)
+    runs = len(exp["distill"]["seeds"]) * len(exp["distill"]["recipes"])
+    assert (setting.tokens, setting.arm_tokens, setting.warmstart_tokens) == (
+        max(exp["distill"]["tokens"]), sum(exp["distill"]["tokens"]) * runs, exp["warmstart"]["tokens"])
 
 
 def test_the_accumulation_follows_the_configs_batch_at_the_plans_micro_batch_and_gpus():
