@@ -95,7 +95,7 @@ class PlanArgs:
     gpu: Literal["h100", "h200", "h800", "a100"] = field(default="h100", metadata={
         "help": "the GPU whose dense bf16 (fp32 runs: TF32) tensor-core peak sets the time"})
     mfu: float = field(default=0.4, metadata={
-        "help": "share of that peak the counted FLOPs run at (the public LRC trainer: about 0.16 on H800s)"})
+        "help": "share of that peak the counted FLOPs run at (the public LRC trainer: about 0.22 on H800s)"})
     tokens: int | None = field(default=None, metadata={
         "help": "tokens of one run, for its GPU-hours (default: the config's largest distill.tokens)"})
     out: Path | None = field(default=None, metadata={"help": "also write the plan as JSON here", "output": "file"})
