@@ -61,7 +61,7 @@ class Timed:
 
 def prepare(arm: str, a, bases, steps: int):
     teacher = load_bench_teacher(a.teacher, seed=0)
-    name, _, impl = arm.partition(":")  # core:optimizer-wy, as in lrc bench
+    name, _, impl = arm.partition(":")  # core:parametrized, as in lrc bench
     student = build_student(teacher, a.student_hidden, seed=0)
     apply_arm(student, teacher, name, bases=bases if name in BASIS_ARMS else None, seed=0,
               core_impl=impl or "optimizer")

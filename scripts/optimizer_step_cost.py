@@ -2,7 +2,7 @@
 
     python scripts/optimizer_step_cost.py --teacher DIR|CONFIG.json [--bases DIR] --student-hidden 1536 [--repeats 3]
 
-For `dense` and `core` (``--core-impl optimizer`` and ``optimizer-wy``) on the student of
+For `dense` and `core` (``--core-impl optimizer``, the basis change in the step) on the student of
 ``--teacher`` (as `lrc bench` takes it: a config JSON is a seeded random teacher), gradients
 set at random: the median CPU seconds of ``CoordinateAdamW.step()`` (after a first step,
 which also makes the coordinates from W), and one gradient map and one map back of one MLP
@@ -26,7 +26,7 @@ from lrc.method.spectral import compute_bases, load_bases
 from lrc.method.student import build_student
 from lrc.training.optim import CoordinateAdamW, coordinate_maps
 
-ARMS = [("dense", "optimizer"), ("core", "optimizer"), ("core", "optimizer-wy")]
+ARMS = [("dense", "optimizer"), ("core", "optimizer")]
 
 
 def cpu_seconds(fn) -> float:

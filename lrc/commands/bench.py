@@ -86,11 +86,8 @@ class BenchArgs:
     recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe of the arms"})
     batch_size: int = field(default=8, metadata={"help": "sequences per micro-batch (one forward)"})
     micro_batches: int = field(default=1, metadata={"help": "micro-batches per optimiser step (gradient accumulation)"})
-    core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={
+    core_impl: Literal["optimizer", "parametrized"] = field(default="optimizer", metadata={
         "help": "core/randcomp: basis change in the optimiser step or a parametrisation (lrc.method.reach.apply_arm)"})
-    loss_impl: Literal["fused", "reference"] = field(default="fused", metadata={
-        "help": "CE + KL: fused = chunked from hidden states (lrc.method.fused_loss), reference = on "
-                "the [B, L, V] logits"})
     activation_checkpointing: bool = field(default=False, metadata={
         "help": "checkpoint each decoder layer of every student, kd's too (lrc.training.recompute)"})
     recompute_teacher: bool = field(default=False, metadata={
@@ -154,12 +151,11 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     torch.set_num_threads(args.threads)
     base_rss = reset_peak_rss()
     teacher = load_bench_teacher(args.teacher, args.seed, args.allow_pickle)
-    recipe = RecipeArgs(recipe=args.recipe, loss_impl=args.loss_impl)
+    recipe = RecipeArgs(recipe=args.recipe)
     if arm == BASELINE:
         torch.manual_seed(args.seed)
         student = type(teacher)(student_config(teacher.config, args.student_hidden))
-        objective = KDObjective(teacher, student, temperature=recipe.temperature, kl_reduction=recipe.kl_reduction,
-                                loss_impl=args.loss_impl)
+        objective = KDObjective(teacher, student, temperature=recipe.temperature, kl_reduction=recipe.kl_reduction)
     else:
         name, _, impl = arm.partition(":")  # "core:parametrized": one arm, another core_impl
         student = build_student(teacher, args.student_hidden, seed=args.seed)
@@ -306,7 +302,7 @@ def describe(args: BenchArgs, device: str) -> dict:
     return {"teacher_hidden": c.hidden_size, "d_ff": c.intermediate_size, "layers": c.num_hidden_layers,
             "vocab": c.vocab_size, "student_hidden": args.student_hidden, "batch_size": args.batch_size,
             "micro_batches": args.micro_batches, "seq_len": args.seq_len, "processes": args.processes,
-            "core_impl": args.core_impl, "loss_impl": args.loss_impl,
+            "core_impl": args.core_impl,
             "activation_checkpointing": args.activation_checkpointing, "recompute_teacher": args.recompute_teacher,
             "threads": args.threads, "device": device, "recipe": args.recipe}
 

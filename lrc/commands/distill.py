@@ -88,10 +88,9 @@ class DistillArgs(_DistillCommon):
     warmstart: Path | None = field(default=None, metadata={"help": "LRC state directory of the warm start"})
     student_hidden: int | None = field(default=None, metadata={
         "help": "student hidden size r, to start from a fresh init (no --warmstart)"})
-    core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={
-        "help": "core/randcomp: the basis change in the optimiser step, once per step (optimizer: ormqr; "
-                "optimizer-wy: compact-WY matrix products, for GPUs), or a parametrisation rebuilt in every forward "
-                "(parametrized, the reference); same trajectory"})
+    core_impl: Literal["optimizer", "parametrized"] = field(default="optimizer", metadata={
+        "help": "core/coreortho/randcomp: the basis change in the optimiser step, once per step (optimizer), or a "
+                "parametrisation rebuilt in every forward (parametrized, the reference); same trajectory"})
     update_energy_every: int = field(default=0, metadata={
         "help": "every N optimiser steps and at the last, write update_energy.csv: per layer and MLP weight the "
                 "energy of the deployed weight's change since the start and its share inside the teacher's subspace "

@@ -33,7 +33,6 @@ import yaml
 from lrc.errors import LRCError
 from lrc.io.atomic import write_json_atomic
 from lrc.io.hf import load_model_config
-from lrc.method.fused_loss import LOSS_IMPLS
 from lrc.method.reach import CORE_IMPLS
 from lrc.names import ARMS, MAIN_ARMS, teacher_config_places
 from lrc.options import check_choice, parse_args
@@ -75,7 +74,7 @@ class PlanArgs:
     search: bool = field(default=True, metadata={"help": "find the largest micro-batch that fits --memory-gib"})
     max_micro_batch: int = field(default=64, metadata={"help": "upper bound of the micro-batch search"})
     recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe"})
-    core_impl: Literal["optimizer", "optimizer-wy", "parametrized"] = field(default="optimizer", metadata={
+    core_impl: Literal["optimizer", "parametrized"] = field(default="optimizer", metadata={
         "help": "core/randcomp: where the basis change runs (as lrc distill)"})
     shard_optimizer: bool | None = field(default=None, metadata={
         "help": "DDP: AdamW's states divided between the GPUs, as lrc distill --shard-optimizer (default: the config's "
@@ -86,8 +85,6 @@ class PlanArgs:
     recompute_teacher: bool | None = field(default=None, metadata={
         "help": "with checkpointing: the teacher's layers rerun inside the student's, as lrc distill "
                 "--recompute-teacher (default: the config's distill setting, else off)"})
-    loss_impl: Literal["fused", "reference"] | None = field(default=None, metadata={
-        "help": "CE + KL as lrc distill --loss-impl (default: the config's, else fused)"})
     layers: int = field(default=0, metadata={"help": "trace a teacher with this many decoder layers (0: the config's)"})
     cost: bool = field(default=True, metadata={
         "help": "count each arm's FLOPs per step on the traced step (token work, weight-side, optimiser) and give "
@@ -114,7 +111,6 @@ class Setting:
     sharding: str
     activation_checkpointing: bool = False
     recompute_teacher: bool = False
-    loss_impl: str = "fused"
     shard_optimizer: bool = False
     micro_batches: int = 1
     arms: tuple[str, ...] = MAIN_ARMS
@@ -171,7 +167,6 @@ def _from_config(args: PlanArgs) -> dict:
         "activation_checkpointing": train.get("activation_checkpointing"),
         "recompute_teacher": train.get("recompute_teacher"),
         "shard_optimizer": train.get("shard_optimizer"),
-        "loss_impl": train.get("loss_impl", _dig(exp, "loss", args.recipe, "loss_impl")),
         "arms": _dig(exp, "distill", "arms"),
         **_budgets(exp),
     }
@@ -191,10 +186,10 @@ def resolve(args: PlanArgs) -> Setting:
     """Options first, then the config, then defaults; a missing or bad value names its option."""
     known = _from_config(args)
     defaults = {"precision": "bf16", "gpus": 1, "sharding": "ddp", "activation_checkpointing": False,
-                "loss_impl": "fused", "shard_optimizer": False, "recompute_teacher": False}
+                "shard_optimizer": False, "recompute_teacher": False}
     values = {}
     for name in ("teacher_config", "student_hidden", "micro_batch_size", "seq_len", "precision", "gpus", "sharding",
-                 "activation_checkpointing", "loss_impl", "shard_optimizer", "recompute_teacher"):
+                 "activation_checkpointing", "shard_optimizer", "recompute_teacher"):
         value = getattr(args, name)
         value = known.get(name) if value is None else value
         value = defaults.get(name) if value is None else value
@@ -217,7 +212,6 @@ def resolve(args: PlanArgs) -> Setting:
             raise LRCError(f"--{name.replace('_', '-')} must be a positive integer, got {values[name]!r}")
     check_choice("--precision", values["precision"], ("fp32", "bf16"))
     check_choice("--sharding", values["sharding"], ("ddp", "fsdp"))
-    check_choice("--loss-impl", values["loss_impl"], LOSS_IMPLS)
     for name in ("activation_checkpointing", "shard_optimizer", "recompute_teacher"):
         if not isinstance(values[name], bool):
             raise LRCError(f"--{name.replace('_', '-')} is true or false, got {values[name]!r}")
@@ -278,7 +272,7 @@ class Planner:
         return StepSpec(teacher_config=self.cfg, student_hidden=self.setting.student_hidden, arm=self.arm,
                         micro_batch_size=micro_batch, seq_len=self.setting.seq_len,
                         micro_batches=self.setting.micro_batches, precision=self.setting.precision,
-                        recipe=self.args.recipe, core_impl=self.args.core_impl, loss_impl=self.setting.loss_impl,
+                        recipe=self.args.recipe, core_impl=self.args.core_impl,
                         activation_checkpointing=self.setting.activation_checkpointing,
                         recompute_teacher=self.setting.recompute_teacher, shard_optimizer=self.setting.shard_optimizer,
                         processes=self.setting.gpus if self.setting.sharding == "ddp" else 1)

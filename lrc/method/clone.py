@@ -16,10 +16,10 @@ residual streams, in lockstep. Per layer l (summed over layers, each an element 
 KL and CE are :mod:`lrc.method.losses`' (forward KL at temperature T, no T² factor,
 ``batchmean`` by default as the reference; fp32 next-token CE). The KL counts all L
 positions (``positions="all"``, the reference's), the CE the L-1 that have a target.
-``loss_impl="fused"`` (default; a recipe field, ``--loss-impl``) computes the same two from
-the final hidden states and head weights chunk by chunk (:mod:`lrc.method.fused_loss`; the teacher
-runs its body only), so no ``[B, L, V]`` logits exist; ``"reference"`` is the dense path on
-the logits.
+They are computed from the final hidden states and head weights chunk by chunk
+(:mod:`lrc.method.fused_loss`; the teacher runs its body only), so no ``[B, L, V]`` logits exist.
+The dense path on the logits stays as the tests' oracle only: ``CloneObjective(..., loss_impl="reference")``
+(not a recipe field nor a command-line option).
 
 Streamed terms: the teacher runs first (under ``torch.inference_mode``) and its captures
 wait in a dict; each term of a layer is computed in a hook on the student as soon as the
@@ -87,16 +87,11 @@ class RecipeArgs:
         "help": "none: each clone term is the plain MSE (the reference); teacher_ms: each layer's MSE divided by its "
                 "target's mean square (detached): a relative error per layer and term, whatever its activation scale "
                 "(massive activations)"})
-    loss_impl: Literal["fused", "reference"] = field(default="fused", metadata={
-        "help": "CE + KL: fused = chunked from the final hidden states and head weights, no [B, L, V] logits "
-                "(lrc.method.fused_loss); reference = on the logits (lrc.method.losses); "
-                "the same values to fp32 rounding"})
 
     def __post_init__(self):
         check_choice("recipe", self.recipe, RECIPES)
         check_choice("kl_reduction", self.kl_reduction, KL_REDUCTIONS)
         check_choice("clone_norm", self.clone_norm, CLONE_NORMS)
-        check_choice("loss_impl", self.loss_impl, LOSS_IMPLS)
         if not self.temperature > 0:
             raise LRCError(f"temperature must be positive, got {self.temperature!r}")
         if self.ce_weight is None:
@@ -313,13 +308,13 @@ class _StudentTerms:
 class CloneObjective:
     """``loss(batch, model=None) -> (total, terms)`` for a teacher/student pair and a recipe."""
 
-    def __init__(self, teacher, student, recipe: RecipeArgs, *, loss_impl: str | None = None,
+    def __init__(self, teacher, student, recipe: RecipeArgs, *, loss_impl: str = "fused",
                  recompute_teacher: bool = False):
         if not isinstance(recipe, RecipeArgs):
             raise LRCError("CloneObjective needs a lrc.method.clone.RecipeArgs")
-        loss_impl = recipe.loss_impl if loss_impl is None else loss_impl  # the recipe's, unless given
         check_choice("loss_impl", loss_impl, LOSS_IMPLS)
-        # CE + KL: "fused" (chunked, lrc.method.fused_loss) or "reference" (lrc.method.losses on logits)
+        # CE + KL: "fused" (chunked, lrc.method.fused_loss); "reference" (lrc.method.losses on the logits)
+        # is the tests' oracle, reached only through this keyword
         self.loss_impl = loss_impl
         # --recompute-teacher: rerun the teacher's layers inside the student's, when those run checkpointed (module doc)
         self.recompute_teacher = recompute_teacher

@@ -1,11 +1,12 @@
 """Next-token CE + forward KL fused with the head, chunked over positions: no ``[B, L, V]``.
 
-The same losses as :mod:`lrc.method.losses` (the reference, kept as ``loss_impl="reference"``),
-computed from the final hidden states and the head weights of student and teacher (their
-hidden sizes differ) a chunk of positions at a time. Each chunk's logits, log-softmaxes and
-gradient live only while that chunk is processed, so the largest vocabulary-sized tensor is
-``[chunk_rows, V]``; the dense path holds several ``[B, L, V]`` (teacher and student
-logits, the teacher's clone, the fp32 log-softmaxes and their gradients).
+The same losses as :mod:`lrc.method.losses` (the reference, kept as the tests' oracle: the
+objectives' ``loss_impl="reference"``), computed from the final hidden states and the head
+weights of student and teacher (their hidden sizes differ) a chunk of positions at a time.
+Each chunk's logits, log-softmaxes and gradient live only while that chunk is processed, so
+the largest vocabulary-sized tensor is ``[chunk_rows, V]``; the dense path holds several
+``[B, L, V]`` (teacher and student logits, the teacher's clone, the fp32 log-softmaxes and
+their gradients).
 
 How the gradient is computed: a ``torch.autograd.Function`` whose forward also computes the
 gradient of the weighted total with respect to the student's hidden states and head weight,

@@ -43,7 +43,7 @@ class KDObjective:
     The baseline of `lrc bench` (and usable as a recipe of its own). The frozen teacher runs
     under ``torch.inference_mode``; ``teacher`` is public so the training loop places it.
     ``loss_impl="fused"`` (default): the KL from hidden states and head weights, chunked
-    (:mod:`lrc.method.fused_loss`, no ``[B, L, V]`` logits); ``"reference"``: on the logits.
+    (:mod:`lrc.method.fused_loss`, no ``[B, L, V]`` logits); ``"reference"``: on the logits (the tests' oracle).
     """
 
     def __init__(self, teacher: torch.nn.Module, student: torch.nn.Module, *, temperature: float = 40.0,

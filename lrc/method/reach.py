@@ -37,21 +37,6 @@ in ``lrc.json``):
   once per optimiser step: two ``ormqr`` products per matrix and step instead of two per
   micro-batch. Same trajectory as the parametrised arm (tests/training/test_coordinates.py,
   tests/method/test_complement_path.py).
-* ``"optimizer-wy"`` (coreortho only): as ``"optimizer"``, with the whole ``[U_r U_perp]·[A; C]`` applied as
-  one product with ``Q = I - V·T·Vᵀ`` (:func:`lrc.method.spectral.compact_wy`; ``U_r =
-  Q[:, :H]·diag(s)``): three plain matrix products, ``4·d_ff·H·r + 2·H²·r`` flops per map
-  instead of ``ormqr``'s sequence of reflections plus the ``U_r`` product; meant for GPUs,
-  where ``ormqr`` (fp32 only, no autocast) runs off the tensor cores. Costs T ``[H, H]`` and
-  V ``[d_ff, H]`` per matrix (at Llama-3.2-3B: 38 + 100 MB fp32, vs 268 MB for a
-  materialised ``[U_r U_perp]``; U_r and the reflectors, read only to make the step-0
-  weight, are dropped then: :meth:`SpectralCoordinates.keep_wy_form_only`, 11.6 GB instead of
-  28.5 GB per process at Llama-3.2-3B), and a float64 ``VᵀV`` when the arm is applied (2.8 s
-  per matrix on one CPU thread at Llama-3.2-3B widths, as the QR). Measured on one CPU
-  thread at those widths (d_ff 8192, H 3072, r 1536), per matrix and step (both maps):
-  2.15 s vs 3.36 s with ``ormqr``. Same math, other rounding: its 50-step trajectory
-  differs from the reference by ~1e-4 (relative), inside the reference's own sensitivity
-  to rounding (tests/training/test_coordinates.py), where ``"optimizer"`` reproduces the
-  reference's ``ormqr`` rounding (~2e-6). Not yet measured on a GPU.
 * ``"parametrized"``: the reference: ``[A; C]`` is the stored tensor of a parametrisation,
   W rebuilt in every forward (and its transpose product in every backward).
 
@@ -76,7 +61,7 @@ from torch.nn.utils import parametrize
 
 from lrc.errors import LRCError
 from lrc.method.complement_path import ComplementPath
-from lrc.method.spectral import compact_wy, compute_bases
+from lrc.method.spectral import compute_bases
 from lrc.method.teacher_tensor import ReadsTeacher, teacher_operand
 from lrc.names import ARMS, COORDINATES_ATTR, MLP_KINDS
 from lrc.options import check_choice
@@ -90,9 +75,7 @@ COORDINATE_ARMS = ("core", "coreortho", "randcomp")
 # LRC's factor kept, the teacher's complement added (lrc.method.complement_path): docs/method.md
 # §3 reading (a). `coreortho` is reading (b), the orthonormal coordinates (SpectralCoordinates).
 COMPLEMENT_ARMS = ("core", "randcomp")
-# "optimizer-wy" (coreortho only): Q applied in the compact-WY form (three matrix products,
-# lrc.method.spectral.compact_wy) instead of ormqr: for GPUs (see the module doc).
-CORE_IMPLS = ("optimizer", "optimizer-wy", "parametrized")
+CORE_IMPLS = ("optimizer", "parametrized")
 
 
 class TeacherTimesFactor(ReadsTeacher):
@@ -120,42 +103,25 @@ class SpectralCoordinates(nn.Module):
     """``W = U_r·A + U_perp·C`` on the stored ``[A; C]`` ([d_ff, r]); `coreortho`.
 
     ``U_perp`` is ``Q[:, H:]`` of the Householder reflectors ``(reflectors, tau)`` of U_r,
-    never materialised: applied with ``torch.ormqr``, or, given ``wy = (V, T)``
-    (:func:`lrc.method.spectral.compact_wy`), as ``Q = I - V·T·Vᵀ`` in three matrix products (the
-    optimiser-step path: tensor-core friendly). ``rotation`` (O) is None for `core`.
+    never materialised: applied with ``torch.ormqr``. ``rotation`` (O) is None for `core`.
     """
 
     orthogonal = True  # CoordinateAdamW: the adjoint is the inverse, and clipping sees the same norm
 
-    def __init__(self, basis, reflectors, tau, rotation=None, transpose=False, wy=None):
+    def __init__(self, basis, reflectors, tau, rotation=None, transpose=False):
         super().__init__()
         self.register_buffer("basis", basis, persistent=False)
         self.register_buffer("reflectors", reflectors, persistent=False)
         self.register_buffer("tau", tau, persistent=False)
         self.register_buffer("rotation", rotation, persistent=False)
-        self.register_buffer("wy_v", None if wy is None else wy[0], persistent=False)
-        self.register_buffer("wy_t", None if wy is None else wy[1], persistent=False)
-        # Q[:, :H] = U_r·diag(s), s the signs of R's diagonal (R = diag(±1): U_r is orthonormal).
-        signs = None if wy is None else torch.where(torch.diagonal(reflectors) < 0, -1.0, 1.0).to(basis.dtype)
-        self.register_buffer("wy_s", signs, persistent=False)
         self.transpose = transpose
         self.h = basis.shape[1]
         self.released = False
-
-    def keep_wy_form_only(self) -> None:
-        """Drop U_r, the reflectors and tau once the step-0 weight is made (the wy form only):
-        :meth:`forward` and :meth:`coordinates` read V, T and the signs alone, so a training
-        process holds ``[d_ff, H] + [H, H]`` per matrix instead of three ``[d_ff, H]``. The
-        results are unchanged (nothing read is dropped); :meth:`right_inverse` is then refused."""
-        if self.wy_v is None:
-            raise LRCError("keep_wy_form_only: this map applies Q with ormqr (no compact-WY form)")
-        self.basis = self.reflectors = self.tau = None
 
     def release(self) -> None:
         """Drop every basis tensor: this process never applies the map (another one owns its
         basis changes, :class:`lrc.training.optim.CoordinateAdamW`); it is then refused."""
         self.basis = self.reflectors = self.tau = self.rotation = None
-        self.wy_v = self.wy_t = self.wy_s = None
         self.released = True
 
     def coordinates_shape(self, weight_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -172,27 +138,17 @@ class SpectralCoordinates(nn.Module):
         padded = torch.cat([c.new_zeros(h, c.shape[1]), c], dim=0)
         return torch.ormqr(self.reflectors, self.tau, padded)
 
-    def _q(self, x: torch.Tensor, transpose: bool) -> torch.Tensor:
-        """``Q·x`` or ``Qᵀ·x`` in the compact-WY form: three matrix products."""
-        t = self.wy_t.T if transpose else self.wy_t
-        return x - self.wy_v @ (t @ (self.wy_v.T @ x))
-
     def forward(self, coords: torch.Tensor) -> torch.Tensor:
         self._check_held()
         h = self.h
         a, c = coords[:h], coords[h:]
         if self.rotation is not None:
             c = self.rotation @ c
-        if self.wy_v is None:
-            w = self.basis @ a + self._complement(c)
-        else:  # U_r = Q[:, :H]·diag(s): the whole [U_r U_perp]·[A; C] is one product with Q
-            w = self._q(torch.cat([self.wy_s[:, None] * a, c], dim=0), transpose=False)
+        w = self.basis @ a + self._complement(c)
         return w.T if self.transpose else w
 
     @torch.no_grad()
     def right_inverse(self, weight: torch.Tensor) -> torch.Tensor:
-        if self.basis is None:
-            raise LRCError("right_inverse: this coordinate map kept its compact-WY form only (keep_wy_form_only)")
         w = weight.T if self.transpose else weight
         a = self.basis.T @ w
         c = torch.zeros(w.shape[0] - a.shape[0], w.shape[1], dtype=w.dtype, device=w.device)
@@ -208,12 +164,8 @@ class SpectralCoordinates(nn.Module):
         self._check_held()
         g = tensor.T if self.transpose else tensor
         h = self.h
-        if self.wy_v is None:
-            a = self.basis.T @ g
-            c = torch.ormqr(self.reflectors, self.tau, g, left=True, transpose=True)[h:]
-        else:
-            full = self._q(g, transpose=True)
-            a, c = self.wy_s[:, None] * full[:h], full[h:]
+        a = self.basis.T @ g
+        c = torch.ormqr(self.reflectors, self.tau, g, left=True, transpose=True)[h:]
         if self.rotation is not None:
             c = self.rotation.T @ c
         return torch.cat([a, c], dim=0)
@@ -268,9 +220,9 @@ def down_clone_map(mlp) -> torch.Tensor:
     return mlp.down_proj.parametrizations.weight.original
 
 
-def _arm_module(arm, bases, teacher, layer, k, kind, w0, seed, wy=False, start=None):
-    """The parametrisation module of one MLP matrix for ``arm`` (a basis arm); ``wy``: coreortho
-    applies Q in the compact-WY form; ``start``: a complement path's step-0 ``[F; 0]``."""
+def _arm_module(arm, bases, teacher, layer, k, kind, w0, seed, start=None):
+    """The parametrisation module of one MLP matrix for ``arm`` (a basis arm); ``start``: a
+    complement path's step-0 ``[F; 0]``."""
     device = w0.device
     transpose = kind == "down"
     if arm == "confined":
@@ -284,14 +236,7 @@ def _arm_module(arm, bases, teacher, layer, k, kind, w0, seed, wy=False, start=N
         teacher_proj = getattr(teacher.model.layers[layer].mlp, f"{kind}_proj")
         return ComplementPath(teacher_proj, refl, tau, rotation, transpose, start=start)
     basis = bases.basis(layer, kind).to(device, w0.dtype)
-    return SpectralCoordinates(basis, refl, tau, rotation, transpose, wy=compact_wy(refl, tau) if wy else None)
-
-
-def _check_core_impl(arm: str, core_impl: str) -> None:
-    check_choice("core_impl", core_impl, CORE_IMPLS)
-    if core_impl == "optimizer-wy" and arm in COMPLEMENT_ARMS:
-        raise LRCError(f"core_impl 'optimizer-wy' is the orthonormal coordinates' path (arm coreortho); arm {arm!r} "
-                       "is a complement path: use 'optimizer' or 'parametrized'")
+    return SpectralCoordinates(basis, refl, tau, rotation, transpose)
 
 
 def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_impl: str = "optimizer") -> None:
@@ -310,7 +255,7 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_imp
     runs AdamW in the coordinates once per step: the same trajectory, at dense forward cost.
     """
     check_choice("arm", arm, ARMS)
-    _check_core_impl(arm, core_impl)
+    check_choice("core_impl", core_impl, CORE_IMPLS)
     current = arm_of(student)
     if current != "slice":
         raise LRCError(f"apply_arm needs a slice student, this one is already arm {current!r}")
@@ -320,7 +265,7 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_imp
         if bases is None:
             bases = compute_bases(teacher)
         bases.check_matches(teacher)
-    in_optimizer = arm in COORDINATE_ARMS and core_impl.startswith("optimizer")
+    in_optimizer = arm in COORDINATE_ARMS and core_impl == "optimizer"
     for i, layer in enumerate(student.model.layers):
         mlp = layer.mlp
         p_down = mlp.down_proj.parametrizations.weight.original.detach().clone()
@@ -336,15 +281,12 @@ def apply_arm(student, teacher, arm: str, *, bases=None, seed: int = 0, core_imp
             if arm == "dense":
                 proj.weight = nn.Parameter(w0, requires_grad=True)
                 continue
-            module = _arm_module(arm, bases, teacher, i, k, kind, w0, seed,
-                                 wy=in_optimizer and core_impl == "optimizer-wy", start=start)
+            module = _arm_module(arm, bases, teacher, i, k, kind, w0, seed, start=start)
             if in_optimizer:
                 w = w0  # the complement path at [F; 0] is the warm start's weight itself
                 if arm not in COMPLEMENT_ARMS:
                     with torch.no_grad():  # exactly the parametrised arm's step-0 weight
                         w = module(module.right_inverse(w0)).contiguous()
-                if getattr(module, "wy_v", None) is not None:
-                    module.keep_wy_form_only()  # U_r and the reflectors are not read again
                 proj.weight = nn.Parameter(w, requires_grad=True)
                 setattr(proj, COORDINATES_ATTR, module)  # a submodule: moves with .to(), never saved
                 continue

@@ -123,25 +123,6 @@ class TeacherBases:
                            "rerun `lrc svd` on this teacher")
 
 
-def compact_wy(reflectors: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(V, T)`` with ``Q = I - V·T·Vᵀ`` for ``torch.geqrf``'s reflectors (the compact-WY form).
-
-    V ``[d_ff, H]`` is unit lower trapezoidal (the reflectors below the diagonal), T ``[H, H]``
-    upper triangular with ``T⁻¹ = diag(1/tau) + striu(VᵀV)``; computed in float64 from the
-    given (float32) reflectors, so it is the Q that ``torch.ormqr`` applies, returned in their
-    dtype. Products with Q are then three plain matrix products (tensor cores on a GPU)
-    instead of H sequential reflections. None when a tau is 0 (a trivial reflector).
-    """
-    if bool((tau == 0).any()):
-        return None
-    h = reflectors.shape[1]
-    v = torch.tril(reflectors.double(), -1)
-    v[:h] += torch.eye(h, dtype=v.dtype, device=v.device)
-    t_inv = torch.triu(v.T @ v, 1) + torch.diag(1.0 / tau.double())
-    t = torch.linalg.solve_triangular(t_inv, torch.eye(h, dtype=v.dtype, device=v.device), upper=True)
-    return v.to(reflectors.dtype).contiguous(), t.to(reflectors.dtype).contiguous()
-
-
 def _fix_signs(vectors: torch.Tensor) -> torch.Tensor:
     """Flip each column so that its largest-magnitude entry is positive."""
     idx = vectors.abs().argmax(dim=0)

@@ -77,7 +77,6 @@ class StepSpec:
     precision: str = "fp32"  # fp32 | bf16 (mixed precision: fp32 master weights, autocast)
     recipe: str = "lrc"
     core_impl: str = "optimizer"
-    loss_impl: str = "fused"
     # each student decoder layer checkpointed (lrc.training.recompute), as the loop does
     activation_checkpointing: bool = False
     recompute_teacher: bool = False  # ... with the teacher's layers rerun inside the student's (lrc.method.clone)
@@ -225,7 +224,7 @@ def _build(spec: StepSpec):
     bases = _shape_bases(cfg) if spec.arm in BASIS_ARMS else None
     student = build_student(teacher, spec.student_hidden)
     apply_arm(student, teacher, spec.arm, bases=bases, core_impl=spec.core_impl)
-    objective = CloneObjective(teacher, student, RecipeArgs(recipe=spec.recipe, loss_impl=spec.loss_impl),
+    objective = CloneObjective(teacher, student, RecipeArgs(recipe=spec.recipe),
                                recompute_teacher=spec.recompute_teacher)
     if spec.activation_checkpointing:
         recompute.enable(student)  # what lrc.training.loop.setup does; train_step opens recompute.micro_batch

@@ -7,7 +7,7 @@ import torch
 
 from lrc.errors import LRCError
 from lrc.method.clone import CloneObjective, RecipeArgs
-from lrc.method.reach import COMPLEMENT_ARMS, CORE_IMPLS, apply_arm
+from lrc.method.reach import CORE_IMPLS, apply_arm
 from lrc.method.spectral import compute_bases, mlp_teacher_matrix
 from lrc.method.student import build_student, trainable_parameters
 from lrc.names import ARMS
@@ -19,8 +19,6 @@ H, D_FF = 32, 96
 
 
 def arm_student(teacher, arm, bases, seed=0, core_impl="optimizer"):
-    if core_impl == "optimizer-wy" and arm in COMPLEMENT_ARMS:
-        core_impl = "optimizer"  # the wy form is coreortho's (tests/method/test_complement_path.py: refused)
     student = build_student(teacher, R, seed=seed)
     apply_arm(student, teacher, arm, bases=bases, seed=7, core_impl=core_impl)
     return student
@@ -171,28 +169,3 @@ def test_bad_arm_and_double_apply():
     apply_arm(student, teacher, "dense")
     with pytest.raises(LRCError, match="dense"):
         apply_arm(student, teacher, "core")
-
-
-def test_the_wy_maps_hold_only_their_wy_form_with_the_same_results():
-    arm = "coreortho"
-    """optimizer-wy: U_r, the reflectors and tau are read only to make the step-0 weight and
-    are dropped then; the maps (and so the trajectory) are bitwise those of a map keeping them."""
-    from lrc.method.reach import _arm_module
-
-    teacher = make_teacher("llama-untied")
-    bases = compute_bases(teacher)
-    student = arm_student(teacher, arm, bases, core_impl="optimizer-wy")
-    g = torch.Generator().manual_seed(0)
-    for i, layer in enumerate(student.model.layers):
-        for k, kind in enumerate(("gate", "up", "down")):
-            proj = getattr(layer.mlp, f"{kind}_proj")
-            lean = proj.optimizer_coordinates
-            assert ({n for n, b in lean.named_buffers()}
-                    == {"wy_v", "wy_t", "wy_s"})
-            full = _arm_module(arm, bases, teacher, i, k, kind, proj.weight.detach(), 7, wy=True)
-            assert full.basis is not None and full.reflectors is not None
-            q = torch.randn(D_FF, R, generator=g)
-            w = torch.randn(proj.weight.shape, generator=g)
-            assert torch.equal(lean(q), full(q)) and torch.equal(lean.coordinates(w), full.coordinates(w))
-            with pytest.raises(LRCError, match="compact-WY form only"):
-                lean.right_inverse(w)

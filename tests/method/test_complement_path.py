@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from lrc.commands.merge import merge_student
-from lrc.errors import LRCError
 from lrc.method.clone import CloneObjective, RecipeArgs
 from lrc.method.complement_path import ComplementPath
 from lrc.method.reach import apply_arm
@@ -118,9 +117,3 @@ def test_clipping_sees_the_coordinates_gradient(token_batch):
     assert norms["optimizer"] > 0.01  # the clip was active
     for name in weights["parametrized"]:
         torch.testing.assert_close(weights["optimizer"][name], weights["parametrized"][name], rtol=1e-4, atol=1e-6)
-
-
-def test_the_wy_form_is_refused_for_a_complement_path():
-    teacher = make_teacher("llama-tied")
-    with pytest.raises(LRCError, match="optimizer-wy.*complement path"):
-        student_of(teacher, "core", "optimizer-wy")

@@ -39,11 +39,10 @@ def student_of(teacher, bases, arm, core_impl):
     return student
 
 
-@pytest.mark.parametrize("core_impl", ["optimizer", "optimizer-wy"])
-def test_the_orthonormal_map_is_orthogonal_and_its_adjoint_is_autograds_gradient(core_impl):
+def test_the_orthonormal_map_is_orthogonal_and_its_adjoint_is_autograds_gradient():
     arm = "coreortho"
     teacher = make_teacher("llama-untied")
-    student = student_of(teacher, compute_bases(teacher), arm, core_impl)
+    student = student_of(teacher, compute_bases(teacher), arm, "optimizer")
     for kind in ("gate", "down"):
         proj = getattr(student.model.layers[1].mlp, f"{kind}_proj")
         cmap = getattr(proj, COORDINATES_ATTR)
@@ -180,18 +179,6 @@ def test_a_parametrised_state_still_loads_as_parametrised(tmp_path, token_batch)
     loaded = load_lrc_state(tmp_path, teacher, bases)
     assert loaded.lrc_info["core_impl"] == "parametrized" and not coordinate_maps(loaded)
     assert torch.equal(loaded(input_ids=token_batch).logits, student(input_ids=token_batch).logits)
-
-
-def test_the_compact_wy_products_follow_the_same_trajectory(tmp_path):
-    # Other rounding than ormqr: ~1e-4 apart after 50 steps here, inside the reference's own
-    # ~3e-4 when only its micro-batch split changes; the loss curve stays within 1e-5.
-    ref, _, ref_log = run(tmp_path, "coreortho", "parametrized")
-    new, _, new_log = run(tmp_path, "coreortho", "optimizer-wy")
-    assert new.model.layers[0].mlp.up_proj.optimizer_coordinates.wy_t is not None
-    a, b = torch.tensor([r["loss"] for r in new_log]), torch.tensor([r["loss"] for r in ref_log])
-    assert ((a - b).abs() / b.abs()).max().item() <= 1e-5
-    merged_ref, merged_new = merge_student(ref).state_dict(), merge_student(new).state_dict()
-    assert max(relative(merged_new[k], merged_ref[k]) for k in merged_ref) <= 1e-3
 
 
 def test_parameters_swapped_after_construction_are_refused():

@@ -81,7 +81,7 @@ def _worker(rank: int, init: str, arm: str, core_impl: str, clip: float, results
 @pytest.mark.slow
 @pytest.mark.parametrize(("arm", "core_impl", "clip"),
                          [("core", "optimizer", 0.0), ("randcomp", "optimizer", 0.0),
-                          ("coreortho", "optimizer-wy", 0.0), ("core", "optimizer", 1.0)])
+                          ("coreortho", "optimizer", 0.0), ("core", "optimizer", 1.0)])
 def test_each_process_holds_its_share_and_the_steps_are_bitwise_unchanged(tmp_path, arm, core_impl, clip):
     results = mp.Manager().dict()
     mp.spawn(_worker, args=(f"file://{tmp_path / 'pg'}", arm, core_impl, clip, results), nprocs=2, join=True)

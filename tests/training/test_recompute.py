@@ -181,31 +181,36 @@ def test_the_options_reach_the_commands():
     from lrc.options import parse_args
 
     args = parse_args(DistillArgs, ["--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense", "--warmstart", "w",
-                                    "--activation-checkpointing", "--loss-impl", "reference"], prog="lrc distill")
-    assert args.activation_checkpointing is True and args.loss_impl == "reference"
+                                    "--activation-checkpointing"], prog="lrc distill")
+    assert args.activation_checkpointing is True and not hasattr(args, "loss_impl")
     default = parse_args(DistillArgs, ["--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense",
                                        "--warmstart", "w"], prog="lrc distill")
-    assert default.activation_checkpointing is False and default.loss_impl == "fused"
+    assert default.activation_checkpointing is False
+    with pytest.raises(SystemExit):  # the reference CE + KL is the tests' oracle only, not an option
+        parse_args(DistillArgs, ["--teacher", "t", "--data", "d", "--out", "o", "--arm", "dense", "--warmstart", "w",
+                                 "--loss-impl", "reference"], prog="lrc distill")
     assert parse_args(SftArgs, ["--model", "m", "--data", "d", "--out", "o", "--activation-checkpointing"],
                       prog="lrc sft").activation_checkpointing
     teacher, student = perturbed_student()
-    assert CloneObjective(teacher, student, RecipeArgs(loss_impl="reference")).loss_impl == "reference"
+    assert CloneObjective(teacher, student, RecipeArgs()).loss_impl == "fused"
+    assert CloneObjective(teacher, student, RecipeArgs(), loss_impl="reference").loss_impl == "reference"
     with pytest.raises(LRCError, match="loss_impl"):
-        RecipeArgs(loss_impl="chunked")
+        CloneObjective(teacher, student, RecipeArgs(), loss_impl="chunked")
+    with pytest.raises(TypeError, match="loss_impl"):
+        RecipeArgs(loss_impl="reference")
 
 
-def test_a_workflow_config_can_set_both():
+def test_a_workflow_config_can_set_checkpointing_and_not_the_loss_impl():
     from lrc.workflow import config as wc
 
     config = default_config()
     exp = config["experiments"]["tiny"]
     exp["distill"]["train"]["activation_checkpointing"] = True
-    exp["loss"].setdefault("lrc", {})["loss_impl"] = "reference"
     assert wc.config_problems(config, rule_shells(), workdir=REPO) == []
-    assert ("--activation-checkpointing" in wc.cli_flags(exp["distill"]["train"])
-            and "--loss-impl reference" in wc.cli_flags(exp["loss"]["lrc"]))
-    exp["loss"]["lrc"]["loss_impl"] = "chunked"
-    assert any("loss_impl" in p for p in wc.config_problems(config, rule_shells(), workdir=REPO))
+    assert "--activation-checkpointing" in wc.cli_flags(exp["distill"]["train"])
+    exp["loss"].setdefault("lrc", {})["loss_impl"] = "reference"  # no longer an option of lrc warmstart/distill
+    problems = wc.config_problems(config, rule_shells(), workdir=REPO)
+    assert problems and all("loss_impl" in p for p in problems), problems
 
 
 def run_training(out: Path) -> None:

@@ -51,11 +51,12 @@ def _assert_same(a, b):
 
 
 @pytest.mark.parametrize("arm,core_impl", ARM_IMPLS)
-@pytest.mark.parametrize("recipe", [dict(), dict(clone_norm="teacher_ms", loss_impl="reference"),
-                                    dict(clone_terms=["gate", "up", "mlp_out"], clone_layers=[1])])
-def test_the_same_loss_terms_and_gradients_as_plain_checkpointing(arm, core_impl, recipe):
+@pytest.mark.parametrize(("recipe", "loss_impl"), [(dict(), "fused"), (dict(clone_norm="teacher_ms"), "reference"),
+                                                   (dict(clone_terms=["gate", "up", "mlp_out"], clone_layers=[1]),
+                                                    "fused")])
+def test_the_same_loss_terms_and_gradients_as_plain_checkpointing(arm, core_impl, recipe, loss_impl):
     teacher, student = perturbed_student("llama-tied", arm, core_impl)
-    objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0, **recipe))
+    objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0, **recipe), loss_impl=loss_impl)
     plain = _loss_and_grads(student, objective, False)
     runs, handles = _teacher_layer_runs(teacher)
     rerun = _loss_and_grads(student, objective, True)
