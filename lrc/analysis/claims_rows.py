@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from lrc.analysis.stats import (
     CI_METHOD,
@@ -43,12 +43,20 @@ class Paper:
     ``sign``: the paper found an effect of this sign; ``equivalence``: the paper found no effect (the
     rules: :func:`direction_holds`); ``size``: a size to set beside the paper's, no
     direction; ``chance``: the knockout rule (see :func:`lrc.analysis.claims_measures`); ``no-paper``:
-    nothing to compare with.
+    nothing to compare with. ``expect`` is the sign a ``sign`` row expects where the paper has no number
+    of its own for the measure (the KL rows: the paper's accuracy gain predicts a student closer to
+    the teacher).
     """
 
     value: float | None
     setting: str
     kind: Literal["sign", "equivalence", "size", "chance", "no-paper"] = "sign"
+    expect: float | None = None
+
+    @property
+    def sign(self) -> float | None:
+        """The direction a sign row expects: the paper's number, else ``expect``."""
+        return self.value if self.value else self.expect
 
 
 # The null's equivalence margin, in points of the aggregate (a choice: about the size of the
@@ -64,6 +72,9 @@ PAPER = {
     ("table1", "dense"): Paper(2.23, f"{LLAMA_1B5}, strictly matched dense arm (+2.71 Llama-3.1-8B → 2.7B, "
                                      "+6.39 Qwen2.5-3B → 1.7B)"),
     ("table1", "core"): Paper(2.36, f"{LLAMA_1B5}, teacher-spectral arm (+10.45 Qwen2.5-3B → 1.7B)"),
+    ("table1", "kl"): Paper(None, "the paper reports no KL to the teacher; its accuracy gains (+2.23 dense, +2.36 "
+                                  "spectral) predict a full-reach student closer to the teacher than LRC's slice",
+                            expect=1.0),
     ("controls", "dense"): Paper(2.23, f"{LLAMA_1B5}, strictly matched dense arm"),
     ("controls", "core"): Paper(2.36, f"{LLAMA_1B5}, teacher-spectral arm"),
     ("controls", "randcomp"): Paper(1.72, f"{LLAMA_1B5}: random completion 64.76 − plain LRC 63.04 "
@@ -128,9 +139,17 @@ def score(record: dict[str, Any]) -> float:
     return float("nan") if value is None else 100.0 * float(value)
 
 
+def kl_to_teacher(record: dict[str, Any]) -> float:
+    """The record's mean per-token KL(teacher ‖ model) on the held-out split (NaN where not measured)."""
+    value = record["data"].get("extra", {}).get("kl_to_teacher")
+    return float("nan") if value is None else float(value)
+
+
 def scores_by_seed(records: list[dict[str, Any]], *, recipe: str, arm: str, tokens: int | None,
-                   sft: bool = False, knockout: bool = False) -> dict[int, float]:
-    """seed -> aggregate (percent) of the runs matching; a seed given twice is an error."""
+                   sft: bool = False, knockout: bool = False,
+                   measure: Callable[[dict[str, Any]], float] = score) -> dict[int, float]:
+    """seed -> ``measure`` (default: the aggregate, percent) of the runs matching; a seed given twice is an
+    error."""
     out: dict[int, float] = {}
     for r in records:
         if (r["recipe"], r["arm"], r["sft"], r.get("knockout", False)) != (recipe, arm, sft, knockout):
@@ -139,7 +158,7 @@ def scores_by_seed(records: list[dict[str, Any]], *, recipe: str, arm: str, toke
             continue
         if r["seed"] in out:
             raise LRCError(f"{recipe}-{arm} t{tokens}: seed {r['seed']} given twice (second: {r['file']})")
-        out[r["seed"]] = score(r)
+        out[r["seed"]] = measure(r)
     return dict(sorted(out.items()))
 
 
@@ -181,6 +200,19 @@ def paired_row(claim: str, comparison: str, a: Mapping[int, float], b: Mapping[i
     return _row(claim, comparison, diffs, paired_t_pvalue(diffs.values()), ref, headline, extra)
 
 
+def reduction_row(claim: str, comparison: str, model: Mapping[int, float], baseline: Mapping[int, float], *,
+                  a_name: str, b_name: str, ref: Paper = NO_PAPER, headline: bool = False,
+                  **extra: Any) -> dict[str, Any]:
+    """A row for the share of ``baseline`` that ``model`` removes, ``100·(b − a)/b`` per seed (paired by
+    seed): its mean, interval and t-test against 0."""
+    removed = paired_differences(baseline, model, a_name=b_name, b_name=a_name)
+    values = {seed: 100.0 * d / float(baseline[seed]) for seed, d in removed.items()}
+    extra = {"model": a_name, "model_mean": mean(model.values()), "model_per_seed": per_seed_text(model),
+             "baseline": b_name, "baseline_mean": mean(baseline.values()), "baseline_per_seed": per_seed_text(baseline),
+             **extra}
+    return _row(claim, comparison, values, paired_t_pvalue(values.values()), ref, headline, extra)
+
+
 def _row(claim, comparison, values, p_value, ref: Paper, headline, extra) -> dict[str, Any]:
     iv = t_interval(values.values())
     row = {
@@ -202,6 +234,9 @@ def _row(claim, comparison, values, p_value, ref: Paper, headline, extra) -> dic
 
 
 def direction_text(ref: Paper) -> str:
+    if ref.kind == "sign" and ref.value is None:
+        return ("the sign the paper's accuracy gain predicts (positive): holds if the 95 % interval lies above 0, "
+                "fails if it lies below, blank (inconclusive) if it holds 0")
     if ref.kind == "sign":
         return (f"the paper's sign ({ref.value:+.2f}): holds if the 95 % interval lies on that side of 0, fails if "
                 "it lies on the other side, blank (inconclusive) if it holds 0")
@@ -225,8 +260,8 @@ def direction_holds(ref: Paper, iv: Interval, iv90: Interval | None = None) -> b
     lack of evidence, not a null. Other kinds: None."""
     if iv.excludes_zero is None:
         return None
-    if ref.kind == "sign" and ref.value:
-        return (iv.low > 0) == (ref.value > 0) if iv.excludes_zero else None
+    if ref.kind == "sign" and ref.sign:
+        return (iv.low > 0) == (ref.sign > 0) if iv.excludes_zero else None
     if ref.kind == "equivalence":
         if iv90 is not None and -EQUIVALENCE_MARGIN <= iv90.low and iv90.high <= EQUIVALENCE_MARGIN:
             return True

@@ -103,6 +103,8 @@ def markdown(rows: pd.DataFrame, *, seconds: float | None = None) -> str:
               "- The seed varies the data order and anything random in the arm; it does not vary the teacher, "
               "nor the warm start unless `claims.vary_warmstart` is set: see "
               "[docs/method.md §7, what a seed varies](../docs/method.md) and the README.",
+              "- Rows named \"KL to the teacher\" give the percent of the slice's held-out KL to the teacher that "
+              "the arm removes (paired by seed; the paper has none, its accuracy gain predicts the sign).",
               "- Paper numbers: docs/method.md §4; each claim table's `paper_setting` names the paper's setting.",
               "", "What \"direction\" means on each row, the paper's setting, and the table:", ""]
     lines += [_note(i, r) for i, r in enumerate(rows.to_dict("records"), start=1)]

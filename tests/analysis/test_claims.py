@@ -20,12 +20,14 @@ SLICE, DENSE, CORE = (40, 50, 60), (43, 52, 64), (41, 50, 62)
 CONFINED, RANDCOMP = (40.5, 49.5, 60), (42, 51, 63)
 
 
-def write_eval(eval_dir, name, percent, chance=0.25):
+def write_eval(eval_dir, name, percent, chance=0.25, kl=None):
     eval_dir.mkdir(parents=True, exist_ok=True)
     value = percent / 100
+    extra = {} if kl is None else {"kl_to_teacher": kl}
     data = {"model": name, "suite": "tiny",
             "tasks": {"x": {"metric": "acc", "value": value, "stderr": 0.01, "chance": chance}},
-            "aggregate": {"name": "Avg", "value": value}, "extra": {}, "lm_eval": {"version": "0.4.13"}, "settings": {}}
+            "aggregate": {"name": "Avg", "value": value}, "extra": extra, "lm_eval": {"version": "0.4.13"},
+            "settings": {}}
     path = eval_dir / f"{name}.json"
     path.write_text(json.dumps(data))
     return str(path)
@@ -71,6 +73,34 @@ def test_table1_pairs_each_full_arm_with_its_slice(evals, tmp_path):
     assert core["miniature"] == pytest.approx(1.0) and core["p_value"] == pytest.approx(0.2254, abs=1e-4)
     assert not bool(core["ci_excludes_zero"]) and core["paper"] == 2.36
     assert "Student's t" in core["ci_method"]
+
+
+def test_table1_sets_the_share_of_the_slices_kl_removed_beside_each_gain(evals, tmp_path):
+    # slice KL 0.1, 0.2, 0.1; dense removes 20, 25, 22.5 % of it (mean 22.5, sd 2.5); core removes -10, 0, 0 %
+    kls = {"slice": (0.1, 0.2, 0.1), "dense": (0.08, 0.15, 0.0775), "core": (0.11, 0.2, 0.1)}
+    files = [write_eval(evals, f"lrc-{arm}-s{seed}-t1000", score, kl=kls[arm][seed])
+             for arm, scores in (("slice", SLICE), ("dense", DENSE), ("core", CORE))
+             for seed, score in enumerate(scores)]
+    out = tmp_path / "table1.csv"
+    assert claims("table1", "--inputs", *files, "--out", out) == 0
+    t = read(out)
+    dense, core = (t.loc[f"{arm} − slice, KL to the teacher (% of slice's removed)"] for arm in ("dense", "core"))
+    half = 4.302653 * 2.5 / math.sqrt(3)
+    assert dense["miniature"] == pytest.approx(22.5) and dense["per_seed"] == "20.0000 25.0000 22.5000"
+    assert (dense["ci_low"] == pytest.approx(22.5 - half, abs=1e-4)
+            and dense["ci_high"] == pytest.approx(22.5 + half, abs=1e-4))
+    assert dense["verdict_rule"] == "sign" and math.isnan(dense["paper"]) and bool(dense["headline"])
+    assert bool(dense["direction_holds"]) and dense["baseline_mean"] == pytest.approx(0.4 / 3, abs=1e-4)
+    assert core["miniature"] == pytest.approx(-10 / 3, abs=1e-4) and math.isnan(core["direction_holds"])
+    # an arm whose evaluations all lie on the wrong side fails
+    worse = [write_eval(evals, f"lrc-dense-s{seed}-t1000", score, kl=kl * 1.5 + 0.01 * seed)
+             for seed, (score, kl) in enumerate(zip(DENSE, kls["slice"]))]
+    assert claims("table1", "--inputs", *files[:3], *worse, "--out", out) == 0
+    assert read(out).loc["dense − slice, KL to the teacher (% of slice's removed)", "direction_holds"] == False  # noqa: E712
+    # no KL row where one evaluation has none
+    files[0] = write_eval(evals, "lrc-slice-s0-t1000", SLICE[0])
+    assert claims("table1", "--inputs", *files, "--out", out) == 0
+    assert list(read(out).index) == ["dense − slice", "core − slice"]
 
 
 def test_one_seed_keeps_working_with_a_blank_interval(evals, tmp_path):

@@ -237,6 +237,8 @@ def test_claims_end_to_end_on_a_tiny_world(tmp_path):
     seeded = table[table["n_seeds"].notna()]
     assert set(seeded["n_seeds"]) <= {2} and len(seeded) > 0
     assert table["miniature"].notna().all(), table
+    kl_rows = table[table["comparison"].str.contains("KL to the teacher", regex=False)]
+    assert len(kl_rows) == 2 and set(kl_rows["rule"]) == {"claim_table1"}, table["comparison"]  # dense, core
     assert (results / "claims.md").read_text().count("claim_") >= len(claims.CLAIMS)
     assert ((results / "claims" / "saturation.png").stat().st_size > 1000
             and (results / "claims" / "saturation.pdf").is_file())
