@@ -2,7 +2,8 @@
 
 A claim table (`lrc claims CLAIM`) has one row per comparison, with the same leading columns
 (``ROW_COLUMNS``): the paper's number and which of its settings it is, the miniature's mean,
-its 95 % t interval over seeds, the seeds and per-seed values, the paired p-value, what
+its 95 % t interval over seeds, the seeds and per-seed values, the paired p-value, the seeds a
+paired t-test would need to detect the paper's gap at 80 % power given the row's spread, what
 "direction" means for the row, its verdict rule (``verdict_rule``: sign, equivalence, size, chance
 or no-paper) and whether it holds (:func:`direction_holds`; docs/method.md §9). ``headline`` marks
 the rows that `lrc claims summary` carries into ``results/claims.csv``.
@@ -22,6 +23,7 @@ from lrc.analysis.stats import (
     paired_differences,
     paired_t_pvalue,
     per_seed_text,
+    seeds_for_power,
     t_interval,
 )
 from lrc.analysis.tables import load_evaluations
@@ -30,7 +32,7 @@ from lrc.errors import LRCError
 PAPER_SOURCE = "docs/method.md §4"
 ROW_COLUMNS = (
     "claim", "comparison", "experiment", "recipe", "tokens", "paper", "paper_setting", "paper_source",
-    "miniature", "ci_low", "ci_high", "n_seeds", "seeds", "per_seed", "p_value",
+    "miniature", "ci_low", "ci_high", "n_seeds", "seeds", "per_seed", "p_value", "seeds_for_paper_gap",
     "direction", "verdict_rule", "direction_holds", "ci_excludes_zero", "ci90_low", "ci90_high", "headline",
     "ci_method",
 )
@@ -221,6 +223,7 @@ def _row(claim, comparison, values, p_value, ref: Paper, headline, extra) -> dic
         "paper": ref.value, "paper_setting": ref.setting, "paper_source": PAPER_SOURCE if ref.value is not None else "",
         "miniature": iv.mean, "ci_low": iv.low, "ci_high": iv.high, "n_seeds": iv.n,
         "seeds": " ".join(map(str, sorted(values))), "per_seed": per_seed_text(values), "p_value": p_value,
+        "seeds_for_paper_gap": seeds_for_power(ref.value, iv.sd) if ref.kind == "sign" and ref.value else float("nan"),
         "direction": extra.pop("direction", None) or direction_text(ref), "verdict_rule": ref.kind,
         "direction_holds": extra.pop("direction_holds", None), "ci_excludes_zero": iv.excludes_zero,
         "ci90_low": float("nan"), "ci90_high": float("nan"), "headline": headline, "ci_method": CI_METHOD,

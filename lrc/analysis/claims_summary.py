@@ -17,14 +17,16 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from lrc.analysis.stats import CI_METHOD, holm
+from lrc.analysis.stats import CI_METHOD, MAX_SEEDS, holm
 from lrc.analysis.tables import read_csv_table
 from lrc.errors import LRCError
 from lrc.io.atomic import atomic_file
 
-SUMMARY_COLUMNS = ("claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "p_value",
+SUMMARY_COLUMNS = ("claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "seeds_for_paper_gap",
+                   "p_value",
                    "p_holm", "verdict_rule", "direction_holds", "holds", "ci_excludes_zero", "rule", "table")
-NEEDED = {"claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "p_value", "verdict_rule",
+NEEDED = {"claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "seeds_for_paper_gap",
+          "p_value", "verdict_rule",
           "direction_holds", "ci_excludes_zero", "headline"}
 ALPHA = 0.05
 
@@ -82,14 +84,15 @@ def markdown(rows: pd.DataFrame, *, seconds: float | None = None) -> str:
         f"seeds per comparison: {', '.join(map(str, seeds))}."
         + (f" Time taken: {seconds / 60:.1f} min ({seconds:.0f} s)." if seconds is not None else ""),
         "",
-        "| # | claim | comparison | paper | miniature [95 % CI] | seeds | p (t-test) | p (Holm) | holds | rule |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| # | claim | comparison | paper | miniature [95 % CI] | seeds | seeds for the paper's gap | p (t-test) "
+        "| p (Holm) | holds | rule |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(rows.to_dict("records"), start=1):
         lines.append(
             f"| {i} | {r['claim']} | {r['comparison']} | {_number(r['paper'])} | {_number(r['miniature'])} "
-            f"{_interval(r)} | {_count(r['n_seeds'])} | {_p(r['p_value'])} | {_p(r['p_holm'])} | {_yes_no(r['holds'])} "
-            f"| `{r['rule']}` |"
+            f"{_interval(r)} | {_count(r['n_seeds'])} | {_count(r['seeds_for_paper_gap'])} | {_p(r['p_value'])} "
+            f"| {_p(r['p_holm'])} | {_yes_no(r['holds'])} | `{r['rule']}` |"
         )
     lines += ["", "## How to read it", "",
               f"- Interval: {CI_METHOD} (blank for one seed). Scores are the suite's aggregate in percent; gains are "
@@ -103,6 +106,9 @@ def markdown(rows: pd.DataFrame, *, seconds: float | None = None) -> str:
               "- The seed varies the data order and anything random in the arm; it does not vary the teacher, "
               "nor the warm start unless `claims.vary_warmstart` is set: see "
               "[docs/method.md §7, what a seed varies](../docs/method.md) and the README.",
+              "- Seeds for the paper's gap: the fewest seeds at which a paired t-test (5 %, two-sided) would detect a "
+              "true difference of the paper's size with 80 % power, given the row's measured spread over seeds "
+              "(noncentral t; blank without a paper number or a spread).",
               "- Rows named \"KL to the teacher\" give the percent of the slice's held-out KL to the teacher that "
               "the arm removes (paired by seed; the paper has none, its accuracy gain predicts the sign).",
               "- Paper numbers: docs/method.md §4; each claim table's `paper_setting` names the paper's setting.",
@@ -136,7 +142,9 @@ def _interval(row: dict[str, Any]) -> str:
 
 
 def _count(value: Any) -> str:
-    return "—" if _missing(value) else str(int(value))
+    if _missing(value):
+        return "—"
+    return f"> {MAX_SEEDS:,}" if math.isinf(float(value)) else str(int(value))
 
 
 def _p(value: Any) -> str:

@@ -107,6 +107,35 @@ def paired_t_pvalue(differences: Iterable[float]) -> float:
     return float(2 * scipy_stats.t.sf(abs(t), n - 1))
 
 
+POWER = 0.80
+MAX_SEEDS = 10_000
+
+
+def paired_t_power(n: int, effect: float, sd: float, alpha: float = 1 - LEVEL) -> float:
+    """The chance that a two-sided paired t-test at ``alpha`` over ``n`` seeds rejects 0 when the true
+    mean difference is ``effect`` and the per-seed differences spread with ``sd`` (noncentral t)."""
+    from scipy import stats as scipy_stats
+
+    df, shift = n - 1, effect * math.sqrt(n) / sd
+    crit = scipy_stats.t.ppf(1 - alpha / 2, df)
+    return float(scipy_stats.nct.sf(crit, df, shift) + scipy_stats.nct.cdf(-crit, df, shift))
+
+
+def seeds_for_power(effect: float, sd: float, power: float = POWER, alpha: float = 1 - LEVEL) -> float:
+    """The fewest seeds (at least 2) at which a paired t-test detects a true difference ``effect``
+    with probability ``power``, given the per-seed differences' ``sd``; NaN where ``sd`` or ``effect``
+    is not a positive number, inf beyond ``MAX_SEEDS``."""
+    if not (sd > 0 and abs(effect) > 0) or math.isnan(sd) or math.isnan(effect):
+        return float("nan")
+    if paired_t_power(MAX_SEEDS, effect, sd, alpha) < power:
+        return math.inf
+    low, high = 1, MAX_SEEDS  # power grows with n: bisect for the first n that reaches it
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if paired_t_power(mid, effect, sd, alpha) < power else (low, mid)
+    return float(max(high, 2))
+
+
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the order given; NaN entries stay NaN and are not
     counted in the family. Rejecting where the adjusted p is below alpha keeps the chance of any

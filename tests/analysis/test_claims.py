@@ -266,8 +266,8 @@ def test_summary_csv_and_markdown(evals, tmp_path):
                   "--time-file", tmp_path / "seconds") == 0
     s = pd.read_csv(out)
     assert list(s.columns) == ["claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds",
-                               "p_value", "p_holm", "verdict_rule", "direction_holds", "holds", "ci_excludes_zero",
-                               "rule", "table"]
+                               "seeds_for_paper_gap", "p_value", "p_holm", "verdict_rule", "direction_holds", "holds",
+                               "ci_excludes_zero", "rule", "table"]
     assert list(s["comparison"]) == ["dense − slice", "core − slice", "confined − slice", "core − dense",
                                      "randcomp − core"]
     assert list(s["rule"]) == ["claim_table1"] * 2 + ["claim_controls"] * 3 and s.loc[0, "table"] == str(t1)
@@ -278,8 +278,9 @@ def test_summary_csv_and_markdown(evals, tmp_path):
     assert [None if pd.isna(v) else bool(v) for v in s["direction_holds"]] == [True, None, True, False, False]
     assert [None if pd.isna(v) else bool(v) for v in s["holds"]] == [None, None, True, False, False]
     text = md.read_text()
-    assert ("| 1 | table1 | dense − slice | +2.23 | +3.00 [+0.52, +5.48] | 3 | 0.0351 | 0.0702 | — | `claim_table1` |"
-            in text)
+    # the paper's +2.23 against differences with sd 1: a paired t-test needs 4 seeds for 80 % power
+    assert ("| 1 | table1 | dense − slice | +2.23 | +3.00 [+0.52, +5.48] | 3 | 4 | 0.0351 | 0.0702 | — "
+            "| `claim_table1` |" in text)
     assert "Holm's adjusted p over the 4 sign rows is below 0.05" in text
     assert "20.6 min (1234 s)" in text and "Student's t" in text and "docs/method.md" in text
     assert "3. no effect, as in the paper (-0.02): holds if the 90 % interval lies within ±1 points" in text

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 from scipy import stats as scipy_stats
 
@@ -64,3 +66,19 @@ def test_mismatched_seeds_are_named():
         stats.paired_differences({0: 1.0, 2: 1.0}, {0: 1.0, 5: 1.0}, a_name="dense", b_name="slice")
     with pytest.raises(LRCError, match="no seed"):
         stats.paired_differences({}, {}, a_name="dense", b_name="slice")
+
+
+def test_seeds_for_power_matches_the_textbook_and_a_simulation():
+    # Cohen's d = 1, paired, two-sided 5 %, 80 % power: 10 pairs (power 0.803; 9 give 0.76)
+    assert stats.seeds_for_power(1.0, 1.0) == 10 and stats.seeds_for_power(-2.0, 2.0) == 10
+    assert stats.paired_t_power(9, 1.0, 1.0) < 0.8 <= stats.paired_t_power(10, 1.0, 1.0)
+    # the rejection rate of simulated paired t-tests at n = 10, d = 1 (seeded; its sd is 0.004)
+    rng = np.random.default_rng(0)
+    samples = rng.normal(1.0, 1.0, size=(10_000, 10))
+    rate = float(np.mean(scipy_stats.ttest_1samp(samples, 0.0, axis=1).pvalue < 0.05))
+    assert rate == pytest.approx(stats.paired_t_power(10, 1.0, 1.0), abs=0.015)
+    # a spread five times the gap needs many seeds; no spread or no gap: no number; hopeless: inf
+    assert 150 < stats.seeds_for_power(1.0, 5.0) < 250
+    assert math.isnan(stats.seeds_for_power(1.0, 0.0)) and math.isnan(stats.seeds_for_power(0.0, 1.0))
+    assert math.isnan(stats.seeds_for_power(1.0, float("nan")))
+    assert stats.seeds_for_power(1.0, 1000.0) == math.inf

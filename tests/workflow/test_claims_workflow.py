@@ -205,7 +205,8 @@ def test_claims_target_without_a_claims_section_names_it(tmp_path):
 # ---------------------------------------------------------------- a small real run
 
 TINY_CLAIMS = {"seeds": [0, 1], "tokens": 4000, "ladder": [2000, 4000, 8000, 16000], "full_arm": "dense"}
-CLAIM_COLUMNS = ["claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "p_value", "p_holm",
+CLAIM_COLUMNS = ["claim", "comparison", "paper", "miniature", "ci_low", "ci_high", "n_seeds", "seeds_for_paper_gap",
+                 "p_value", "p_holm",
                  "verdict_rule", "direction_holds", "holds", "ci_excludes_zero", "rule", "table"]
 
 
