@@ -1,13 +1,19 @@
-"""`lrc tasks`: multiple-choice lm-eval tasks built from held-out real text, offline.
+"""`lrc tasks`: multiple-choice lm-eval tasks built offline, from held-out real text and from
+knowledge tables of Python's standard library.
 
-Two task kinds, each one question per held-out document (seeded, so the same data, tokenizer
-and seed give the same directory):
+Held-out kinds (seeded, so the same data, tokenizer and seed give the same directory):
 
-* ``heldout_continuation``: the document's first ``--prefix-tokens`` tokens as context; the
-  choices are its next ``--continuation-tokens`` tokens and, as distractors, the span at the
-  same place in ``--choices - 1`` other held-out documents. Chance 1/choices.
-* ``heldout_shuffled``: the same context; the true continuation against the same words in a
+* ``heldout_continuation``: ``--prefix-tokens`` tokens of a held-out document as context; the
+  choices are its next ``--continuation-tokens`` tokens and, as distractors, spans of
+  ``--choices - 1`` other held-out documents. Chance 1/choices. With ``--stride 0`` one window
+  per document (at its start); with ``--stride S`` a window every S tokens through each
+  document (sliding contexts: thousands of items from a modest held-out split).
+* ``heldout_shuffled``: the same contexts; the true continuation against the same words in a
   shuffled order (whitespace kept in place). Chance 1/2.
+
+Knowledge kinds (no ``--data``): ``http_status``, ``html_entity``, ``time_zone``, every fact of
+the table, the true answer among other answers of it (:mod:`lrc.io.knowledge_tasks`).
+The gold position of every task is balanced: each position equally often, up to one.
 
 The cuts fall on a token that starts with whitespace where one is near, so no choice begins
 mid-word. Documents come from a held-out token directory (``valid/`` of `lrc tokenize`,
@@ -34,12 +40,14 @@ import yaml
 from lrc.errors import LRCError
 from lrc.io.atomic import atomic_dir
 from lrc.io.hf import load_tokenizer
+from lrc.io.knowledge_tasks import TABLES, balanced_golds, knowledge_task
 from lrc.io.provenance import write_settings
 from lrc.io.suites import SUITE_FILE, task_template
 from lrc.io.tokens import TokenDataset, read_manifest
 from lrc.options import parse_args
 
-KINDS = ("continuation", "shuffled")
+HELDOUT_KINDS = ("continuation", "shuffled")
+KINDS = HELDOUT_KINDS + tuple(TABLES)
 CUT_SEARCH = 8  # tokens after the nominal cut searched for one that starts with whitespace
 
 
@@ -48,15 +56,17 @@ class TasksArgs:
     """Write a local lm-eval task directory from held-out documents (true continuation vs. other
     documents', vs. shuffled words)."""
 
-    data: Path = field(metadata={
+    data: Path | None = field(default=None, metadata={
         "help": "held-out token directory (valid/ of `lrc tokenize`, or its output directory) or a "
-                ".jsonl/.txt text file"})
+                ".jsonl/.txt text file (needed by the continuation and shuffled kinds)"})
     tokenizer: str = field(metadata={
         "help": "tokenizer directory (the teacher's): decodes token rows, measures spans in tokens"})
     out: Path = field(metadata={"help": "task directory to write", "output": "dir"})
-    kinds: list[str] = field(default_factory=lambda: list(KINDS), metadata={
-        "help": "task kinds: continuation, shuffled"})
-    items: int = field(default=200, metadata={"help": "questions per task at most (one per document)"})
+    kinds: list[str] = field(default_factory=lambda: list(HELDOUT_KINDS), metadata={
+        "help": f"task kinds: {', '.join(KINDS)}"})
+    items: int = field(default=200, metadata={"help": "questions per held-out task at most"})
+    stride: int = field(default=0, metadata={
+        "help": "held-out kinds: 0 for one window per document (at its start), else a window every STRIDE tokens"})
     choices: int = field(default=4, metadata={"help": "choices of the continuation task (1 true + distractors)"})
     prefix_tokens: int = field(default=48, metadata={"help": "context length in tokens"})
     continuation_tokens: int = field(default=16, metadata={"help": "length of each choice in tokens"})
@@ -73,6 +83,10 @@ class TasksArgs:
         for name in ("items", "prefix_tokens", "continuation_tokens"):
             if getattr(self, name) < 1:
                 raise LRCError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.stride < 0:
+            raise LRCError(f"--stride must be >= 0 (0: one window per document), got {self.stride}")
+        if self.data is None and any(k in HELDOUT_KINDS for k in self.kinds):
+            raise LRCError(f"--kinds {' '.join(self.kinds)}: the held-out kinds need --data")
 
 
 # ---------------------------------------------------------------------------------------
@@ -145,18 +159,22 @@ def cut_point(ids: Sequence[int], at: int, tokenizer: Any) -> int:
     return at
 
 
-def spans(docs: list[list[int]], args: TasksArgs, tokenizer: Any) -> list[tuple[str, str]]:
-    """(context, continuation) text of each document long enough for both."""
+def spans(docs: list[list[int]], args: TasksArgs, tokenizer: Any) -> list[tuple[int, str, str]]:
+    """(document, context, continuation) of every window: one per document long enough (``--stride
+    0``), or one every ``--stride`` tokens; a context is the ``--prefix-tokens`` tokens before a cut."""
     out = []
-    need = args.prefix_tokens + CUT_SEARCH + args.continuation_tokens
-    for ids in docs:
-        if len(ids) < need:
-            continue
-        cut = cut_point(ids, args.prefix_tokens, tokenizer)
-        context = tokenizer.decode(ids[:cut], clean_up_tokenization_spaces=False)
-        continuation = tokenizer.decode(ids[cut:cut + args.continuation_tokens], clean_up_tokenization_spaces=False)
-        if context.strip() and continuation.strip():
-            out.append((context, continuation))
+    for doc, ids in enumerate(docs):
+        at = args.prefix_tokens
+        while at + CUT_SEARCH + args.continuation_tokens <= len(ids):
+            cut = cut_point(ids, at, tokenizer)
+            start = 0 if args.stride == 0 else cut - args.prefix_tokens
+            context = tokenizer.decode(ids[start:cut], clean_up_tokenization_spaces=False)
+            continuation = tokenizer.decode(ids[cut:cut + args.continuation_tokens], clean_up_tokenization_spaces=False)
+            if context.strip() and continuation.strip():
+                out.append((doc, context, continuation))
+            if args.stride == 0:
+                break
+            at += args.stride
     return out
 
 
@@ -177,39 +195,51 @@ def shuffle_words(text: str, rng: random.Random) -> str | None:
     return None
 
 
-def continuation_docs(pairs: list[tuple[str, str]], args: TasksArgs, rng: random.Random) -> list[dict[str, Any]]:
+def distractors(pairs: list[tuple[int, str, str]], i: int, count: int, rng: random.Random) -> list[str] | None:
+    """``count`` distinct continuations of documents other than window ``i``'s, none equal to its own."""
+    doc, _, true = pairs[i]
+    chosen: dict[str, None] = {}
+    # Random draws first (cheap where most windows are of other documents), then a full scan.
+    draws = [rng.randrange(len(pairs)) for _ in range(8 * count)]
+    for j in draws + rng.sample(range(len(pairs)), len(pairs)):
+        if pairs[j][0] != doc and pairs[j][2] != true:
+            chosen.setdefault(pairs[j][2])
+            if len(chosen) == count:
+                return list(chosen)
+    return None
+
+
+def continuation_docs(pairs: list[tuple[int, str, str]], args: TasksArgs, rng: random.Random) -> list[dict[str, Any]]:
     docs = []
-    for i, (context, true) in enumerate(pairs[: args.items]):
-        others = [c for j, (_, c) in enumerate(pairs) if j != i and c != true]
-        if len(others) < args.choices - 1:
+    golds = balanced_golds(min(args.items, len(pairs)), args.choices, rng)
+    for i, gold in enumerate(golds):
+        choices = distractors(pairs, i, args.choices - 1, rng)
+        if choices is None:
             break
-        choices = rng.sample(others, args.choices - 1)
-        gold = rng.randrange(args.choices)
-        choices.insert(gold, true)
-        docs.append({"context": context, "choices": choices, "gold": gold})
+        choices.insert(gold, pairs[i][2])
+        docs.append({"context": pairs[i][1], "choices": choices, "gold": gold})
     return docs
 
 
-def shuffled_docs(pairs: list[tuple[str, str]], args: TasksArgs, rng: random.Random) -> list[dict[str, Any]]:
-    docs = []
-    for context, true in pairs:
-        if len(docs) == args.items:
+def shuffled_docs(pairs: list[tuple[int, str, str]], args: TasksArgs, rng: random.Random) -> list[dict[str, Any]]:
+    kept = []
+    for _, context, true in pairs:
+        if len(kept) == args.items:
             break
         shuffled = shuffle_words(true, rng)
-        if shuffled is None:
-            continue
-        gold = rng.randrange(2)
-        docs.append({"context": context, "choices": [shuffled, true] if gold else [true, shuffled], "gold": gold})
-    return docs
+        if shuffled is not None:
+            kept.append((context, true, shuffled))
+    return [{"context": context, "choices": [shuffled, true] if gold else [true, shuffled], "gold": gold}
+            for (context, true, shuffled), gold in zip(kept, balanced_golds(len(kept), 2, rng))]
 
 
 def build_tasks(docs: list[list[int]], args: TasksArgs, tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
     """task name -> its lm-eval documents; each kind has its own seeded generator."""
+    out = {kind: knowledge_task(kind, args.choices, args.seed) for kind in args.kinds if kind in TABLES}
     pairs = spans(docs, args, tokenizer)
     random.Random(args.seed).shuffle(pairs)
     makers = {"continuation": continuation_docs, "shuffled": shuffled_docs}
-    out = {}
-    for kind in args.kinds:
+    for kind in [k for k in args.kinds if k in HELDOUT_KINDS]:
         made = makers[kind](pairs, args, random.Random(f"{args.seed}-{kind}"))
         if not made:
             raise LRCError(f"--data {args.data}: too few documents of "
@@ -243,7 +273,7 @@ def write_tasks(tasks: dict[str, list[dict[str, Any]]], args: TasksArgs, documen
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(TasksArgs, argv, prog="lrc tasks")
     tokenizer = load_tokenizer(args.tokenizer)
-    docs = load_documents(args, tokenizer)
+    docs = load_documents(args, tokenizer) if args.data is not None else []
     tasks = build_tasks(docs, args, tokenizer)
     write_tasks(tasks, args, len(docs))
     print(f"tasks: wrote {args.out} ({', '.join(f'{k} {len(v)}' for k, v in tasks.items())}; from "

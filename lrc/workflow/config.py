@@ -56,13 +56,14 @@ RULE_SECTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
     "distill": (("distill", "train"), ("loss", "{recipe}")),
     "merge": (("merge",),),
     "sft": (("sft", "train"),),
+    "tasks": (("tasks",),),
     "evaluate": (("evaluate",),),
     "audit": (("audit",),),
     "probe": (("probe",),),
 }
 STAGES = tuple(RULE_SECTIONS)
 # Rules that run another rule's command on other paths, with that rule's flags and resources.
-RULE_ALIASES = {"warmstart_seeded": "warmstart", "knockout_audit": "audit"}
+RULE_ALIASES = {"warmstart_seeded": "warmstart", "knockout_audit": "audit", "heldout_tasks": "tasks"}
 # teacher.source -> the rule that makes results/{exp}/teacher (the tiny world's: pretrain).
 TEACHER_RULES = {"world": "pretrain", "hub": "download", "local": "import_teacher", "gguf": "import_teacher"}
 RESOURCE_DEFAULTS = {"threads": 1, "gpu": 0, "mem_mb": 4000, "runtime": 60, "accelerate": "config/accelerate/ddp.yaml"}

@@ -147,3 +147,59 @@ def test_shuffled_words_keep_the_whitespace():
     assert shuffled != text and re.sub(r"\S+", "w", shuffled) == re.sub(r"\S+", "w", text)
     assert sorted(shuffled.split()) == sorted(text.split())
     assert shuffle_words("a a a", random.Random(0)) is None
+
+
+def test_sliding_windows_give_many_items_from_other_documents_with_balanced_answers(corpus, tmp_path):
+    _, docs = corpus
+    one = read(make(corpus, tmp_path / "one", "--items", "100000"), "heldout_continuation")
+    many = read(make(corpus, tmp_path / "many", "--items", "100000", "--stride", "8", "--choices", "4"),
+                "heldout_continuation")
+    assert len(one) <= len(docs) and len(many) > 4 * len(one)
+    source = {}  # continuation text -> the documents it occurs in
+    for q in many:
+        assert len(q["choices"]) == 4 and len(set(q["choices"])) == 4
+        true = q["choices"][q["gold"]]
+        assert any(q["context"] + true in d or (q["context"] + true).strip() in d for d in docs)
+        for other in q["choices"]:
+            source[other] = [i for i, d in enumerate(docs) if other.strip() in d]
+        # a distractor never comes only from the document the context is from
+        home = {i for i, d in enumerate(docs) if q["context"].strip() in d}
+        assert all(set(source[c]) - home for i, c in enumerate(q["choices"]) if i != q["gold"]), q
+    counts = [sum(q["gold"] == g for q in many) for g in range(4)]
+    assert max(counts) - min(counts) <= 1, counts
+    shuffled = read(tmp_path / "many", "heldout_shuffled")
+    halves = [sum(q["gold"] == g for q in shuffled) for g in range(2)]
+    assert max(halves) - min(halves) <= 1, halves
+    capped = read(make(corpus, tmp_path / "capped", "--items", "30", "--stride", "8"), "heldout_continuation")
+    assert len(capped) == 30
+
+
+def test_knowledge_tables_need_no_data_and_ask_every_fact(corpus, tmp_path):
+    import html.entities
+    import http
+
+    root, _ = corpus
+    out = tmp_path / "k"
+    assert main(["--tokenizer", str(root / "tokenizer"), "--out", str(out), "--kinds", "http_status",
+                 "html_entity", "time_zone"]) == 0
+    http_items = read(out, "http_status")
+    assert len(http_items) == len(http.HTTPStatus)
+    assert {q["context"].split()[3] for q in http_items} == {str(s.value) for s in http.HTTPStatus}
+    for q in http_items:
+        code = int(q["context"].split()[3])
+        assert q["choices"][q["gold"]] == f" {http.HTTPStatus(code).phrase}" and len(set(q["choices"])) == 4
+    entities = read(out, "html_entity")
+    assert len(entities) == len(html.entities.name2codepoint)
+    zones = read(out, "time_zone")
+    assert len(zones) > 300 and all(q["choices"][q["gold"]].strip() in ("Europe", "America", "Asia", "Africa",
+                                    "Antarctica", "Arctic", "Atlantic", "Australia", "Indian", "Pacific")
+                                    for q in zones)
+    paris = [q for q in zones if q["context"].endswith("city of Paris lies in the region")]
+    assert len(paris) == 1 and paris[0]["choices"][paris[0]["gold"]] == " Europe"
+    for items in (http_items, entities, zones):
+        counts = [sum(q["gold"] == g for q in items) for g in range(4)]
+        assert max(counts) - min(counts) <= 1, counts
+    suite = load_suite("local", out)
+    assert suite["tasks"]["time_zone"]["chance"] == 0.25 and suite["tasks"]["http_status"]["docs"] == 62
+    with pytest.raises(LRCError, match="held-out kinds need --data"):
+        main(["--tokenizer", str(root / "tokenizer"), "--out", str(tmp_path / "x"), "--kinds", "continuation"])

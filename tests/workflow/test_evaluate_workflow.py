@@ -14,10 +14,12 @@ from tests.workflow_helpers import ROOT, shell_commands, snakemake
 CONFIG = ROOT / "config" / "paper" / "llama3.2-3b.yaml"
 
 
-def dry_run(tmp_path, evaluate: dict) -> list[str]:
+def dry_run(tmp_path, evaluate: dict, tasks: dict | None = None) -> list[str]:
     config = yaml.safe_load(CONFIG.read_text())
     (settings,) = config["experiments"].values()
     settings["evaluate"] = evaluate
+    if tasks is not None:
+        settings["tasks"] = tasks
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     result = snakemake("-n", "-p", "--forceall", "results/table1.csv", "--configfile", path)
@@ -30,14 +32,15 @@ def dry_run(tmp_path, evaluate: dict) -> list[str]:
                          [{"suite": "local"}, {"suite": "none"}, {"suite": "local", "tasks_dir": "my/tasks"}],
                          ids=["local-built", "none", "local-own"])
 def test_a_hub_teacher_can_be_evaluated_offline(tmp_path, evaluate):
-    commands = dry_run(tmp_path, evaluate)
+    tasks = {"stride": 32, "kinds": ["continuation", "http_status"]}  # the config's `tasks` flags reach lrc tasks
+    commands = dry_run(tmp_path, evaluate, tasks)
     evaluations = [c for c in commands if " lrc evaluate " in f" {c}"]
     built = [c for c in commands if re.search(r"\blrc tasks\b", c)]
     assert len(evaluations) == 4  # the teacher and three students
     if evaluate == {"suite": "local"}:
         assert built == [("lrc tasks --data results/llama3.2-3b/data/corpus/valid "
-                          "--tokenizer results/llama3.2-3b/teacher "
-                          "--out results/llama3.2-3b/tasks > logs/llama3.2-3b/tasks.log 2>&1")]
+                          "--tokenizer results/llama3.2-3b/teacher --out results/llama3.2-3b/tasks "
+                          "--kinds continuation http_status --stride 32 > logs/llama3.2-3b/tasks.log 2>&1")]
         assert all("--tasks-dir results/llama3.2-3b/tasks" in c and "--suite local" in c for c in evaluations)
         flags = set(re.findall(r"--([a-z][a-z0-9-]*)", built[0]))
         assert {f.replace("-", "_") for f in flags} <= command_options("tasks")

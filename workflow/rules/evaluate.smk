@@ -16,6 +16,8 @@ rule heldout_tasks:
         teacher="results/{exp}/teacher",
     output:
         directory("results/{exp}/tasks"),
+    params:
+        flags=flags_of("heldout_tasks"),
     log:
         "logs/{exp}/tasks.log",
     benchmark:
@@ -23,7 +25,7 @@ rule heldout_tasks:
     conda:
         "../envs/lrc.yaml"
     shell:
-        "lrc tasks --data {input.data}/valid --tokenizer {input.teacher} --out {output} > {log} 2>&1"
+        "lrc tasks --data {input.data}/valid --tokenizer {input.teacher} --out {output} {params.flags} > {log} 2>&1"
 
 
 rule fetch_tasks:
