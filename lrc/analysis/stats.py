@@ -107,6 +107,37 @@ def paired_t_pvalue(differences: Iterable[float]) -> float:
     return float(2 * scipy_stats.t.sf(abs(t), n - 1))
 
 
+@dataclass(frozen=True)
+class Bootstrap:
+    """A per-token difference of two models over paired rows, its percentile interval and two-sided p."""
+
+    difference: float
+    low: float
+    high: float
+    p: float
+    rows: int
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], weights: Sequence[float], level: float = LEVEL,
+                     resamples: int = 10_000, seed: int = 0) -> Bootstrap:
+    """``Σb/Σw − Σa/Σw`` over paired rows (a row's sums under A and B, its token count ``w``), with the
+    percentile interval of the same statistic over rows resampled with replacement (seeded) and
+    the two-sided bootstrap p: twice the smaller share of resampled differences on either side of 0."""
+    import numpy as np
+
+    a, b, w = (np.asarray(x, dtype=np.float64) for x in (a, b, weights))
+    if not (len(a) == len(b) == len(w)) or len(w) < 2:
+        raise LRCError(f"paired bootstrap: need two or more paired rows, got {len(a)}, {len(b)} and {len(w)} weights")
+    if w.sum() <= 0:
+        raise LRCError("paired bootstrap: the rows hold no tokens")
+    picks = np.random.default_rng(seed).integers(0, len(w), size=(resamples, len(w)))
+    sampled = (b - a)[picks].sum(1) / np.maximum(w[picks].sum(1), 1e-12)
+    tail = (1 - level) / 2
+    low, high = np.quantile(sampled, [tail, 1 - tail])
+    p = min(1.0, 2 * min(float(np.mean(sampled <= 0)), float(np.mean(sampled >= 0))))
+    return Bootstrap(float((b - a).sum() / w.sum()), float(low), float(high), p, len(w))
+
+
 POWER = 0.80
 MAX_SEEDS = 10_000
 

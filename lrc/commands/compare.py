@@ -1,4 +1,5 @@
-"""`lrc compare`: two evaluated models on the same lm-eval items (:mod:`lrc.analysis.paired_items`)."""
+"""`lrc compare`: two evaluated models on the same lm-eval items and held-out rows
+(:mod:`lrc.analysis.paired_items`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from lrc.analysis.paired_items import compare_table
+import pandas as pd
+
+from lrc.analysis.paired_items import compare_table, heldout_table
 from lrc.analysis.stats import LEVEL
 from lrc.analysis.tables import write_csv
 from lrc.errors import LRCError
@@ -17,7 +20,8 @@ from lrc.options import parse_args
 
 @dataclass(kw_only=True)
 class CompareArgs:
-    """Compare two `lrc evaluate` results item by item: per task, B − A with its paired interval."""
+    """Compare two `lrc evaluate` results item by item: per task, B − A with its paired interval; per
+    held-out measure (cross-entropy, KL to the teacher, top-1 agreement), B − A over the same rows."""
 
     a: Path = field(metadata={"help": "summary JSON of `lrc evaluate` for model A", "positional": True})
     b: Path = field(metadata={"help": "summary JSON of `lrc evaluate` for model B", "positional": True})
@@ -30,8 +34,9 @@ class CompareArgs:
             raise LRCError(f"--level must lie in (0, 1), got {self.level}")
 
 
-def evaluation(path: Path) -> tuple[str, Path, dict]:
-    """(model name, its lm-eval records directory, its tasks) from an `lrc evaluate` summary."""
+def evaluation(path: Path) -> tuple[str, Path, dict, dict | None]:
+    """(model name, its lm-eval records directory, its tasks, its held-out rows) from an `lrc evaluate`
+    summary."""
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
@@ -40,10 +45,11 @@ def evaluation(path: Path) -> tuple[str, Path, dict]:
         raise LRCError(f"{path}: not an `lrc evaluate` summary JSON (no `tasks`)")
     recorded = summary.get("lm_eval_records")
     records = path.parent / recorded if recorded else records_dir(path)
-    if not records.is_dir():
+    if summary["tasks"] and not records.is_dir():
         raise LRCError(f"{path}: its lm-eval records {records} are missing (evaluations before lrc kept them "
                        "must be run again)")
-    return str(summary.get("model") or path.stem), records, summary["tasks"]
+    heldout = (summary.get("extra") or {}).get("heldout_rows")
+    return str(summary.get("model") or path.stem), records, summary["tasks"], heldout
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,7 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     a, b = evaluation(args.a), evaluation(args.b)
     if a[0] == b[0]:
         a, b = (str(args.a), *a[1:]), (str(args.b), *b[1:])
-    table = compare_table(a, b, args.level)
+    table = pd.concat([compare_table(a[:3], b[:3], args.level),
+                       heldout_table((a[0], a[3]), (b[0], b[3]), args.level)], ignore_index=True)
+    if table.empty:
+        raise LRCError(f"{a[0]} and {b[0]} share no task scored with the same metric and no held-out rows "
+                       f"(tasks {sorted(a[2])} vs {sorted(b[2])})")
     if args.out is not None:
         write_csv(table, args.out)
     print(f"A = {a[0]}, B = {b[0]}; {args.level:.0%} paired interval over items")

@@ -221,25 +221,32 @@ def load_model(path: str, device: torch.device, *, role: str = "--model"):
 
 @torch.no_grad()
 def heldout_measures(model, rows: torch.Tensor, masks: torch.Tensor, *, teacher=None,
-                     batch_size: int = 16) -> dict[str, float]:
+                     batch_size: int = 16) -> dict[str, Any]:
     """Perplexity of ``model`` on ``rows`` and, with a teacher, the mean per-token forward
-    KL(p_teacher || p_model) at temperature 1, both over the positions the mask counts."""
-    total_nll, total_kl, count = 0.0, 0.0, 0
+    KL(p_teacher || p_model) at temperature 1 and the share of positions where both predict the
+    same next token (top-1 agreement), over the positions the mask counts. ``heldout_rows`` keeps
+    each row's sums (counted tokens, NLL, KL, agreements): `lrc compare` pairs two models on them."""
+    per_row: dict[str, list[float]] = {"tokens": [], "nll": [], "kl_to_teacher": [], "top1_agreement": []}
     device = next(model.parameters()).device
     for start in range(0, rows.shape[0], batch_size):
         ids = rows[start:start + batch_size].to(device)
         counted = masks[start:start + batch_size, 1:].to(device)
         logits = model(ids).logits
-        total_nll += next_token_nll(logits, ids)[counted].sum().item()
-        count += int(counted.sum().item())
+        per_row["tokens"] += counted.sum(1).tolist()
+        per_row["nll"] += (next_token_nll(logits, ids) * counted).sum(1).tolist()
         if teacher is not None:
-            kl = kl_per_position(teacher(ids).logits[:, :-1], logits[:, :-1])
-            total_kl += kl[counted].sum().item()
+            teacher_logits = teacher(ids).logits[:, :-1]
+            per_row["kl_to_teacher"] += (kl_per_position(teacher_logits, logits[:, :-1]) * counted).sum(1).tolist()
+            agree = teacher_logits.argmax(-1) == logits[:, :-1].argmax(-1)
+            per_row["top1_agreement"] += (agree & counted).sum(1).tolist()
+    count = sum(per_row["tokens"])
     if count == 0:
         raise LRCError("the held-out rows have no counted positions")
-    out = {"perplexity": math.exp(total_nll / count), "heldout_tokens": count}
+    out: dict[str, Any] = {"perplexity": math.exp(sum(per_row["nll"]) / count), "heldout_tokens": count}
     if teacher is not None:
-        out["kl_to_teacher"] = total_kl / count
+        out["kl_to_teacher"] = sum(per_row["kl_to_teacher"]) / count
+        out["top1_agreement"] = sum(per_row["top1_agreement"]) / count
+    out["heldout_rows"] = {k: v for k, v in per_row.items() if v}
     return out
 
 

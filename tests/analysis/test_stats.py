@@ -82,3 +82,22 @@ def test_seeds_for_power_matches_the_textbook_and_a_simulation():
     assert math.isnan(stats.seeds_for_power(1.0, 0.0)) and math.isnan(stats.seeds_for_power(0.0, 1.0))
     assert math.isnan(stats.seeds_for_power(1.0, float("nan")))
     assert stats.seeds_for_power(1.0, 1000.0) == math.inf
+
+
+def test_paired_bootstrap_on_known_samples():
+    # the same difference on every row: the statistic and both ends of its interval are that difference
+    same = stats.paired_bootstrap([1.0, 2.0, 3.0], [1.5, 2.5, 3.5], [1, 1, 1])
+    assert (same.difference, same.low, same.high, same.p, same.rows) == pytest.approx((0.5, 0.5, 0.5, 0.0, 3))
+    # per-token means weight rows by their tokens: (3 - 1) / 4 tokens
+    assert stats.paired_bootstrap([0.0, 1.0], [2.0, 1.0], [3, 1]).difference == pytest.approx(0.5)
+    # many rows of unit weight: the percentile interval is close to the t interval, and seeded
+    rng = np.random.default_rng(1)
+    b = rng.normal(0.2, 1.0, size=2000)
+    boot = stats.paired_bootstrap(np.zeros(2000), b, np.ones(2000))
+    t = stats.t_interval(b)
+    assert boot.low == pytest.approx(t.low, abs=0.01) and boot.high == pytest.approx(t.high, abs=0.01)
+    assert boot.p < 1e-3 and boot == stats.paired_bootstrap(np.zeros(2000), b, np.ones(2000))
+    null = stats.paired_bootstrap(np.zeros(200), rng.normal(0.0, 1.0, size=200), np.ones(200))
+    assert null.low < 0 < null.high and null.p > 0.05
+    with pytest.raises(LRCError, match="two or more paired rows"):
+        stats.paired_bootstrap([1.0], [1.0], [1])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 
@@ -134,6 +135,12 @@ def test_heldout_perplexity_matches_the_models_own_loss():
         kl = (p.exp() * (p - q)).sum(-1).mean().item()
     assert got["perplexity"] == pytest.approx(torch.exp(torch.tensor(loss)).item(), rel=1e-5)
     assert got["kl_to_teacher"] == pytest.approx(kl, rel=1e-5) and kl > 0
+    agree = (p.argmax(-1) == q.argmax(-1)).float()
+    assert got["top1_agreement"] == pytest.approx(agree.mean().item())  # (these two predict alike: 1.0)
+    kept = got["heldout_rows"]  # per row: the sums behind the means, for lrc compare
+    assert kept["tokens"] == [11, 11, 11] and kept["top1_agreement"] == agree.sum(1).tolist()
+    assert sum(kept["nll"]) / 33 == pytest.approx(loss, rel=1e-5)
+    assert sum(kept["kl_to_teacher"]) / 33 == pytest.approx(kl, rel=1e-5)
     masks[:, 6:] = False  # only positions whose target is counted enter the average
     part = heldout_measures(model, rows, masks)
     with torch.no_grad():
@@ -397,6 +404,32 @@ def other_checkpoint(checkpoint, tmp_path_factory):
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(str(checkpoint)).save_pretrained(out)
     return out
+
+
+def test_two_models_compared_on_the_same_heldout_rows(checkpoint, other_checkpoint, heldout, tmp_path, capsys):
+    import pandas as pd
+
+    from lrc.cli import main as lrc
+
+    common = ["--suite", "none", "--heldout", str(heldout), "--teacher", str(checkpoint), "--threads", "1"]
+    for name, model, rows in (("a", checkpoint, "8"), ("b", other_checkpoint, "8"), ("b4", other_checkpoint, "4")):
+        out = tmp_path / f"{name}.json"
+        assert lrc(["evaluate", str(model), *common, "--heldout-rows", rows, "--out", str(out)]) == 0
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text())["extra"] for n in "ab")
+    capsys.readouterr()
+    assert lrc(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(tmp_path / "c.csv")]) == 0
+    table = pd.read_csv(tmp_path / "c.csv").set_index("task")
+    assert list(table.index) == ["heldout_ce", "heldout_kl_to_teacher", "heldout_top1_agreement"]
+    assert (table["items"] == 8).all() and (table["interval"] == "paired bootstrap over held-out rows").all()
+    kl, top1, ce = table.loc["heldout_kl_to_teacher"], table.loc["heldout_top1_agreement"], table.loc["heldout_ce"]
+    assert kl["a"] == pytest.approx(0.0, abs=1e-6) and kl["b"] == pytest.approx(b["kl_to_teacher"], rel=1e-4)
+    assert top1["a"] == pytest.approx(1.0) and top1["b"] == pytest.approx(b["top1_agreement"], rel=1e-4)
+    assert ce["a"] == pytest.approx(math.log(a["perplexity"]), rel=1e-4)
+    # the moved model is farther from the teacher on every row: the interval lies above 0
+    assert 0 < kl["ci_low"] <= kl["b_minus_a"] <= kl["ci_high"] and kl["p"] < 0.01
+    assert "heldout_kl_to_teacher" in capsys.readouterr().out
+    assert lrc(["compare", str(tmp_path / "a.json"), str(tmp_path / "b4.json")]) != 0
+    assert "not measured on the same held-out rows" in capsys.readouterr().err
 
 
 @pytest.mark.slow
