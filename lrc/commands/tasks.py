@@ -12,7 +12,9 @@ Held-out kinds (seeded, so the same data, tokenizer and seed give the same direc
   shuffled order (whitespace kept in place). Chance 1/2.
 
 Knowledge kinds (no ``--data``): ``http_status``, ``html_entity``, ``time_zone``, every fact of
-the table, the true answer among other answers of it (:mod:`lrc.io.knowledge_tasks`).
+the table, the true answer among other answers of it; ``docstring_name``, a docstring's first line
+-> the object's name among names of its module, from ``--modules`` (default: the modules the
+stdlib-docstring corpus holds out at ``--valid-fraction``) (:mod:`lrc.io.knowledge_tasks`).
 The gold position of every task is balanced: each position equally often, up to one.
 
 The cuts fall on a token that starts with whitespace where one is near, so no choice begins
@@ -40,14 +42,20 @@ import yaml
 from lrc.errors import LRCError
 from lrc.io.atomic import atomic_dir
 from lrc.io.hf import load_tokenizer
-from lrc.io.knowledge_tasks import TABLES, balanced_golds, knowledge_task
+from lrc.io.knowledge_tasks import (
+    TABLES,
+    balanced_golds,
+    docstring_name_task,
+    heldout_stdlib_modules,
+    knowledge_task,
+)
 from lrc.io.provenance import write_settings
 from lrc.io.suites import SUITE_FILE, task_template
 from lrc.io.tokens import TokenDataset, read_manifest
 from lrc.options import parse_args
 
 HELDOUT_KINDS = ("continuation", "shuffled")
-KINDS = HELDOUT_KINDS + tuple(TABLES)
+KINDS = HELDOUT_KINDS + tuple(TABLES) + ("docstring_name",)
 CUT_SEARCH = 8  # tokens after the nominal cut searched for one that starts with whitespace
 
 
@@ -70,6 +78,10 @@ class TasksArgs:
     choices: int = field(default=4, metadata={"help": "choices of the continuation task (1 true + distractors)"})
     prefix_tokens: int = field(default=48, metadata={"help": "context length in tokens"})
     continuation_tokens: int = field(default=16, metadata={"help": "length of each choice in tokens"})
+    modules: list[str] | None = field(default=None, metadata={
+        "help": "docstring_name: the modules to ask about (default: those the stdlib-docstring corpus holds out)"})
+    valid_fraction: float = field(default=0.1, metadata={
+        "help": "docstring_name without --modules: the corpus's held-out share (`lrc tokenize --valid-fraction`)"})
     text_field: str = field(default="text", metadata={"help": ".jsonl input: the field holding the text"})
     seed: int = field(default=0, metadata={
         "help": "seed of the document order, distractors, gold positions and shuffles"})
@@ -83,6 +95,8 @@ class TasksArgs:
         for name in ("items", "prefix_tokens", "continuation_tokens"):
             if getattr(self, name) < 1:
                 raise LRCError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise LRCError(f"--valid-fraction must lie in (0, 1), got {self.valid_fraction}")
         if self.stride < 0:
             raise LRCError(f"--stride must be >= 0 (0: one window per document), got {self.stride}")
         if self.data is None and any(k in HELDOUT_KINDS for k in self.kinds):
@@ -236,6 +250,9 @@ def shuffled_docs(pairs: list[tuple[int, str, str]], args: TasksArgs, rng: rando
 def build_tasks(docs: list[list[int]], args: TasksArgs, tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
     """task name -> its lm-eval documents; each kind has its own seeded generator."""
     out = {kind: knowledge_task(kind, args.choices, args.seed) for kind in args.kinds if kind in TABLES}
+    if "docstring_name" in args.kinds:
+        modules = args.modules if args.modules is not None else heldout_stdlib_modules(args.valid_fraction)
+        out["docstring_name"] = docstring_name_task(modules, args.choices, args.seed)
     pairs = spans(docs, args, tokenizer)
     random.Random(args.seed).shuffle(pairs)
     makers = {"continuation": continuation_docs, "shuffled": shuffled_docs}

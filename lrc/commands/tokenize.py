@@ -20,7 +20,6 @@ lrc.io.tokens's.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Sequence
@@ -34,6 +33,7 @@ from lrc.io.sources import (
     BUILTIN_SOURCES,
     SourceSpec,
     builtin_source_info,
+    in_valid_split,
     iter_records,
     load_mixture,
     mix,
@@ -148,12 +148,6 @@ def _pad_row(ids: list[int], mask: list[int], seq_len: int, pad_id: int) -> tupl
     fill = seq_len - len(ids)
     return (np.asarray(ids + [pad_id] * fill, dtype=np.int64)[None],
             np.asarray(mask + [0] * fill, dtype=np.uint8)[None])
-
-
-def _in_valid(key: int | str, fraction: float) -> bool:
-    # A fixed hash of the document's index (or name): a deterministic, streaming-friendly split.
-    data = key.encode("utf-8") if isinstance(key, str) else key.to_bytes(8, "little")
-    return zlib.crc32(data) / 2**32 < fraction
 
 
 # ---------------------------------------------------------------------------------------
@@ -380,7 +374,7 @@ def tokenize(args: TokenizeArgs) -> dict[str, Path]:
             elif args.valid_rows is not None:
                 which = "train" if valid.full else "valid"
             else:
-                which = "valid" if _in_valid(i if doc_name is None else doc_name, args.valid_fraction) else "train"
+                which = "valid" if in_valid_split(i if doc_name is None else doc_name, args.valid_fraction) else "train"
             feed(which, k, ids, mask)
             if train.full:
                 break

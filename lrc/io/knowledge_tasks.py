@@ -11,6 +11,11 @@ are balanced (each position equally often, up to one) and the order is seeded.
 - ``time_zone``: a city of the IANA time-zone database -> its region ("Paris" -> "Europe";
   ``zoneinfo``, canonical ``Region/City`` names only). Licence: the tz database (public domain).
 
+And ``docstring_name``: the first line of a documented function's, class's or method's docstring
+-> its name, against names from the same module, from modules the corpus holds out (the
+stdlib-docstring corpus's valid split, or any importable modules named). Items whose first line
+contains the name itself are left out. Licence: that of the modules (PSF-2.0 for the stdlib).
+
 The teacher's score against chance decides which tables are worth keeping (docs/real-teacher.md).
 """
 
@@ -18,10 +23,13 @@ from __future__ import annotations
 
 import html.entities
 import http
+import importlib
 import random
-from typing import Any, Callable
+import warnings
+from typing import Any, Callable, Sequence
 
 from lrc.errors import LRCError
+from lrc.io.sources import STDLIB_DOC_MODULES, documented_objects, in_valid_split
 
 TZ_REGIONS = ("Africa", "America", "Antarctica", "Asia", "Atlantic", "Australia", "Europe", "Indian", "Pacific")
 
@@ -86,3 +94,47 @@ def knowledge_task(name: str, choices: int, seed: int) -> list[dict[str, Any]]:
     facts = TABLES[name]()
     rng.shuffle(facts)
     return multiple_choice(facts, choices, rng)
+
+
+def heldout_stdlib_modules(valid_fraction: float) -> list[str]:
+    """The modules of the stdlib-docstring corpus that its valid split holds out at ``valid_fraction``."""
+    return [m for m in STDLIB_DOC_MODULES if in_valid_split(m, valid_fraction)]
+
+
+def docstring_facts(module_name: str) -> list[tuple[str, str]]:
+    """(question, " name") for each documented object of a module whose docstring's first line does
+    not give its name away."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise LRCError(f"docstring_name: cannot import module {module_name!r} ({err})") from err
+    facts = []
+    for name, doc in documented_objects(module):
+        first = doc.splitlines()[0].strip()
+        if name is None or len(first.split()) < 3 or name.rsplit(".", 1)[-1].lower() in first.lower():
+            continue
+        facts.append((f'In Python\'s {module_name} module, the object documented as "{first}" is named', f" {name}"))
+    return facts
+
+
+def docstring_name_task(modules: Sequence[str], choices: int, seed: int) -> list[dict[str, Any]]:
+    """One item per documented object of ``modules``, its name against names of the same module
+    (modules with fewer names than ``choices`` give none)."""
+    rng = random.Random(f"{seed}-docstring_name")
+    facts: list[tuple[str, str, str]] = []
+    for module in modules:
+        own = docstring_facts(module)
+        if len({a for _, a in own}) >= choices:
+            facts += [(module, q, a) for q, a in own]
+    if not facts:
+        raise LRCError(f"docstring_name: no module of {', '.join(modules) or 'none'} documents {choices} objects")
+    rng.shuffle(facts)
+    answers = {m: sorted({a for mm, _, a in facts if mm == m}) for m in dict.fromkeys(m for m, _, _ in facts)}
+    items = []
+    for (module, question, true), gold in zip(facts, balanced_golds(len(facts), choices, rng)):
+        options = rng.sample([a for a in answers[module] if a != true], choices - 1)
+        options.insert(gold, true)
+        items.append({"context": question, "choices": options, "gold": gold})
+    return items

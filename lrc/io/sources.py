@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import warnings
+import zlib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -74,6 +75,13 @@ STDLIB_DOC_MODULES = tuple(sorted("""
 STDLIB_DOCS_LICENSE = "PSF-2.0 (Python Software Foundation License; the docstrings of CPython's standard library)"
 
 
+def in_valid_split(key: int | str, fraction: float) -> bool:
+    """Whether a document (by its index, or by its name where it has one) is held out: a fixed hash,
+    so the split is deterministic and needs no second pass over a stream."""
+    data = key.encode("utf-8") if isinstance(key, str) else key.to_bytes(8, "little")
+    return zlib.crc32(data) / 2**32 < fraction
+
+
 def stdlib_documents(modules: Sequence[str] = STDLIB_DOC_MODULES) -> Iterator[dict]:
     """One document per module: its docstring, then those of its public classes (with their
     methods) and functions, in name order; ``{"name": module, "text": ...}``. A module this
@@ -96,19 +104,26 @@ def _own_doc(obj: Any) -> str:
 
 
 def _module_docstrings(module: Any) -> Iterator[str]:
+    for name, doc in documented_objects(module):
+        yield doc if name is None else f"{name}\n{doc}"
+
+
+def documented_objects(module: Any) -> Iterator[tuple[str | None, str]]:
+    """(qualified name, docstring) of the module (name None), then of its public classes (with their
+    methods) and functions, in name order: what the corpus holds of a module."""
     if doc := _own_doc(module):
-        yield doc
+        yield None, doc
     for attr, obj in sorted(vars(module).items()):
         if attr.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
             continue  # private, or imported from elsewhere (documented there)
         if isinstance(obj, type):
             if doc := _own_doc(obj):
-                yield f"{obj.__qualname__}\n{doc}"
+                yield obj.__qualname__, doc
             for meth_name, meth in sorted(vars(obj).items()):
                 if not meth_name.startswith("_") and inspect.isfunction(meth) and (doc := _own_doc(meth)):
-                    yield f"{obj.__qualname__}.{meth_name}\n{doc}"
+                    yield f"{obj.__qualname__}.{meth_name}", doc
         elif inspect.isfunction(obj) and (doc := _own_doc(obj)):
-            yield f"{attr}\n{doc}"
+            yield attr, doc
 
 
 def builtin_source_info(source: str) -> dict | None:

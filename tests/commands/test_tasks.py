@@ -99,14 +99,15 @@ def test_tasks_from_text_are_well_formed_and_deterministic(corpus, tmp_path):
 
 
 def test_token_rows_give_tasks_from_the_heldout_split_only(corpus, tmp_path):
-    from lrc.commands.tokenize import TokenizeArgs, _in_valid, tokenize
+    from lrc.commands.tokenize import TokenizeArgs, tokenize
+    from lrc.io.sources import in_valid_split
 
     root, docs = corpus
     data = tmp_path / "data"
     tokenize(TokenizeArgs(tokenizer=str(root / "tokenizer"), source=str(root / "docs.jsonl"), out=data, seq_len=64,
                           valid_fraction=0.3))
-    valid = [d for i, d in enumerate(docs) if _in_valid(i, 0.3)]
-    train = [d for i, d in enumerate(docs) if not _in_valid(i, 0.3)]
+    valid = [d for i, d in enumerate(docs) if in_valid_split(i, 0.3)]
+    train = [d for i, d in enumerate(docs) if not in_valid_split(i, 0.3)]
     assert valid and train
     out = tmp_path / "tasks"
     assert main(["--data", str(data), "--tokenizer", str(root / "tokenizer"), "--out", str(out),
@@ -203,3 +204,33 @@ def test_knowledge_tables_need_no_data_and_ask_every_fact(corpus, tmp_path):
     assert suite["tasks"]["time_zone"]["chance"] == 0.25 and suite["tasks"]["http_status"]["docs"] == 62
     with pytest.raises(LRCError, match="held-out kinds need --data"):
         main(["--tokenizer", str(root / "tokenizer"), "--out", str(tmp_path / "x"), "--kinds", "continuation"])
+
+
+def test_docstring_to_name_asks_about_held_out_modules_only(corpus, tmp_path):
+    from lrc.io.knowledge_tasks import docstring_facts, heldout_stdlib_modules
+    from lrc.io.sources import STDLIB_DOC_MODULES, in_valid_split
+
+    root, _ = corpus
+    held_out = heldout_stdlib_modules(0.1)
+    assert held_out and all(in_valid_split(m, 0.1) for m in held_out)
+    assert len(held_out) < len(STDLIB_DOC_MODULES) / 5  # the rest is the corpus's training split
+    out = tmp_path / "d"
+    assert main(["--tokenizer", str(root / "tokenizer"), "--out", str(out), "--kinds", "docstring_name",
+                 "--modules", "json", "textwrap", "shlex", "fractions"]) == 0  # a fixed input: four small modules
+    items = read(out, "docstring_name")
+    assert len(docstring_facts("fractions")) == 3  # fewer names than choices: the module gives no item
+    expected = {q: a for m in ("json", "textwrap", "shlex") for q, a in docstring_facts(m)}
+    assert len(items) == len(expected) > 10
+    for q in items:
+        true = q["choices"][q["gold"]]
+        assert expected[q["context"]] == true and len(set(q["choices"])) == 4
+        module = q["context"].split("'s ")[1].split()[0]
+        assert all(a in {b for k, b in expected.items() if f"'s {module} " in k} for a in q["choices"])
+        first_line = q["context"].split('"')[1]
+        assert true.strip().rsplit(".", 1)[-1].lower() not in first_line.lower()  # the name is not given away
+    counts = [sum(q["gold"] == g for q in items) for g in range(4)]
+    assert max(counts) - min(counts) <= 1, counts
+    default = tmp_path / "default"
+    assert main(["--tokenizer", str(root / "tokenizer"), "--out", str(default), "--kinds", "docstring_name"]) == 0
+    asked = {q["context"].split("'s ")[1].split()[0] for q in read(default, "docstring_name")}
+    assert asked and asked <= set(held_out)  # never a module of the training split
