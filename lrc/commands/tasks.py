@@ -14,7 +14,9 @@ Held-out kinds (seeded, so the same data, tokenizer and seed give the same direc
 Knowledge kinds (no ``--data``): ``http_status``, ``html_entity``, ``time_zone``, every fact of
 the table, the true answer among other answers of it; ``docstring_name``, a docstring's first line
 -> the object's name among names of its module, from ``--modules`` (default: the modules the
-stdlib-docstring corpus holds out at ``--valid-fraction``) (:mod:`lrc.io.knowledge_tasks`).
+stdlib-docstring corpus holds out at ``--valid-fraction``); ``code_next_line``, the next line of
+those modules' source after 8 lines, against other lines of the file, one item every ``--stride``
+lines (8 where it is 0) (:mod:`lrc.io.knowledge_tasks`).
 The gold position of every task is balanced: each position equally often, up to one.
 
 The cuts fall on a token that starts with whitespace where one is near, so no choice begins
@@ -45,6 +47,7 @@ from lrc.io.hf import load_tokenizer
 from lrc.io.knowledge_tasks import (
     TABLES,
     balanced_golds,
+    code_next_line_task,
     docstring_name_task,
     heldout_stdlib_modules,
     knowledge_task,
@@ -55,7 +58,8 @@ from lrc.io.tokens import TokenDataset, read_manifest
 from lrc.options import parse_args
 
 HELDOUT_KINDS = ("continuation", "shuffled")
-KINDS = HELDOUT_KINDS + tuple(TABLES) + ("docstring_name",)
+MODULE_KINDS = ("docstring_name", "code_next_line")
+KINDS = HELDOUT_KINDS + tuple(TABLES) + MODULE_KINDS
 CUT_SEARCH = 8  # tokens after the nominal cut searched for one that starts with whitespace
 
 
@@ -72,16 +76,17 @@ class TasksArgs:
     out: Path = field(metadata={"help": "task directory to write", "output": "dir"})
     kinds: list[str] = field(default_factory=lambda: list(HELDOUT_KINDS), metadata={
         "help": f"task kinds: {', '.join(KINDS)}"})
-    items: int = field(default=200, metadata={"help": "questions per held-out task at most"})
+    items: int = field(default=200, metadata={"help": "questions per held-out or code_next_line task at most"})
     stride: int = field(default=0, metadata={
         "help": "held-out kinds: 0 for one window per document (at its start), else a window every STRIDE tokens"})
     choices: int = field(default=4, metadata={"help": "choices of the continuation task (1 true + distractors)"})
     prefix_tokens: int = field(default=48, metadata={"help": "context length in tokens"})
     continuation_tokens: int = field(default=16, metadata={"help": "length of each choice in tokens"})
     modules: list[str] | None = field(default=None, metadata={
-        "help": "docstring_name: the modules to ask about (default: those the stdlib-docstring corpus holds out)"})
+        "help": "docstring_name, code_next_line: the modules to ask about (default: those the stdlib-docstring "
+                "corpus holds out)"})
     valid_fraction: float = field(default=0.1, metadata={
-        "help": "docstring_name without --modules: the corpus's held-out share (`lrc tokenize --valid-fraction`)"})
+        "help": "without --modules: the corpus's held-out share (`lrc tokenize --valid-fraction`)"})
     text_field: str = field(default="text", metadata={"help": ".jsonl input: the field holding the text"})
     seed: int = field(default=0, metadata={
         "help": "seed of the document order, distractors, gold positions and shuffles"})
@@ -250,9 +255,11 @@ def shuffled_docs(pairs: list[tuple[int, str, str]], args: TasksArgs, rng: rando
 def build_tasks(docs: list[list[int]], args: TasksArgs, tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
     """task name -> its lm-eval documents; each kind has its own seeded generator."""
     out = {kind: knowledge_task(kind, args.choices, args.seed) for kind in args.kinds if kind in TABLES}
+    modules = args.modules if args.modules is not None else heldout_stdlib_modules(args.valid_fraction)
     if "docstring_name" in args.kinds:
-        modules = args.modules if args.modules is not None else heldout_stdlib_modules(args.valid_fraction)
         out["docstring_name"] = docstring_name_task(modules, args.choices, args.seed)
+    if "code_next_line" in args.kinds:
+        out["code_next_line"] = code_next_line_task(modules, args.choices, args.seed, args.stride or 8, args.items)
     pairs = spans(docs, args, tokenizer)
     random.Random(args.seed).shuffle(pairs)
     makers = {"continuation": continuation_docs, "shuffled": shuffled_docs}

@@ -16,6 +16,9 @@ And ``docstring_name``: the first line of a documented function's, class's or me
 stdlib-docstring corpus's valid split, or any importable modules named). Items whose first line
 contains the name itself are left out. Licence: that of the modules (PSF-2.0 for the stdlib).
 
+And ``code_next_line``: a module's source, ``CONTEXT_LINES`` lines as context and the true next line
+against other lines of the same file, one item every ``stride`` lines, from the same held-out modules.
+
 The teacher's score against chance decides which tables are worth keeping (docs/real-teacher.md).
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import html.entities
 import http
 import importlib
+import inspect
 import random
 import warnings
 from typing import Any, Callable, Sequence
@@ -104,12 +108,7 @@ def heldout_stdlib_modules(valid_fraction: float) -> list[str]:
 def docstring_facts(module_name: str) -> list[tuple[str, str]]:
     """(question, " name") for each documented object of a module whose docstring's first line does
     not give its name away."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise LRCError(f"docstring_name: cannot import module {module_name!r} ({err})") from err
+    module = _import(module_name, "docstring_name")
     facts = []
     for name, doc in documented_objects(module):
         first = doc.splitlines()[0].strip()
@@ -138,3 +137,44 @@ def docstring_name_task(modules: Sequence[str], choices: int, seed: int) -> list
         options.insert(gold, true)
         items.append({"context": question, "choices": options, "gold": gold})
     return items
+
+
+CONTEXT_LINES = 8
+MIN_LINE_CHARS = 12  # a next line worth predicting: not a bracket, a blank or a lone keyword
+
+
+def _import(module_name: str, task: str) -> Any:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return importlib.import_module(module_name)
+    except ImportError as err:
+        raise LRCError(f"{task}: cannot import module {module_name!r} ({err})") from err
+
+
+def code_next_line_task(modules: Sequence[str], choices: int, seed: int, stride: int = 8,
+                        items: int | None = None) -> list[dict[str, Any]]:
+    """One item every ``stride`` lines of each module's source (at most ``items``, drawn at random): the
+    ``CONTEXT_LINES`` lines before a line of at least ``MIN_LINE_CHARS`` characters, that line against
+    other such lines of the file."""
+    rng = random.Random(f"{seed}-code_next_line")
+    facts: list[tuple[str, str, list[str]]] = []
+    for name in modules:
+        try:
+            lines = inspect.getsource(_import(name, "code_next_line")).splitlines()
+        except (OSError, TypeError) as err:
+            raise LRCError(f"code_next_line: no Python source for module {name!r} ({err})") from err
+        candidates = sorted({ln for ln in lines if len(ln.strip()) >= MIN_LINE_CHARS})
+        for i in range(CONTEXT_LINES, len(lines), stride):
+            if len(lines[i].strip()) >= MIN_LINE_CHARS:
+                facts.append(("\n".join(lines[i - CONTEXT_LINES:i]) + "\n", lines[i], candidates))
+    if not facts:
+        raise LRCError(f"code_next_line: no line to ask about in {', '.join(modules) or 'no module'}")
+    rng.shuffle(facts)
+    facts = facts[:items]
+    out = []
+    for (context, true, candidates), gold in zip(facts, balanced_golds(len(facts), choices, rng)):
+        options = rng.sample([c for c in candidates if c != true], choices - 1)
+        options.insert(gold, true)
+        out.append({"context": context, "choices": options, "gold": gold})
+    return out

@@ -234,3 +234,33 @@ def test_docstring_to_name_asks_about_held_out_modules_only(corpus, tmp_path):
     assert main(["--tokenizer", str(root / "tokenizer"), "--out", str(default), "--kinds", "docstring_name"]) == 0
     asked = {q["context"].split("'s ")[1].split()[0] for q in read(default, "docstring_name")}
     assert asked and asked <= set(held_out)  # never a module of the training split
+
+
+def test_code_next_line_asks_for_the_line_that_follows_in_the_same_file(corpus, tmp_path):
+    import json as json_module
+    import textwrap
+
+    from lrc.io.knowledge_tasks import CONTEXT_LINES, MIN_LINE_CHARS
+
+    root, _ = corpus
+    out = tmp_path / "c"
+    assert main(["--tokenizer", str(root / "tokenizer"), "--out", str(out), "--kinds", "code_next_line",
+                 "--modules", "json", "textwrap", "--stride", "4"]) == 0
+    items = read(out, "code_next_line")
+    sources = {m.__name__: inspect.getsource(m) for m in (json_module, textwrap)}
+    lines = {name: src.splitlines() for name, src in sources.items()}
+    expected = sum(1 for ls in lines.values() for i in range(CONTEXT_LINES, len(ls), 4)
+                   if len(ls[i].strip()) >= MIN_LINE_CHARS)
+    assert len(items) == expected > 100
+    for q in items:
+        true = q["choices"][q["gold"]]
+        home = [n for n, src in sources.items() if q["context"] + true + "\n" in src + "\n"]
+        assert home, q  # the context, then the true line, as the file has them
+        assert len(q["context"].splitlines()) == CONTEXT_LINES and len(set(q["choices"])) == 4
+        assert all(c in lines[home[0]] for c in q["choices"])  # distractors: lines of the same file
+    counts = [sum(q["gold"] == g for q in items) for g in range(4)]
+    assert max(counts) - min(counts) <= 1, counts
+    capped = tmp_path / "capped"
+    assert main(["--tokenizer", str(root / "tokenizer"), "--out", str(capped), "--kinds", "code_next_line",
+                 "--modules", "json", "--items", "5"]) == 0
+    assert len(read(capped, "code_next_line")) == 5
