@@ -53,6 +53,7 @@ from lrc.io.knowledge_tasks import (
     knowledge_task,
 )
 from lrc.io.provenance import write_settings
+from lrc.io.sources import BUILTIN_SOURCES
 from lrc.io.suites import SUITE_FILE, task_template
 from lrc.io.tokens import TokenDataset, read_manifest
 from lrc.options import parse_args
@@ -69,8 +70,8 @@ class TasksArgs:
     documents', vs. shuffled words)."""
 
     data: Path | None = field(default=None, metadata={
-        "help": "held-out token directory (valid/ of `lrc tokenize`, or its output directory) or a "
-                ".jsonl/.txt text file (needed by the continuation and shuffled kinds)"})
+        "help": "held-out token directory (valid/ of `lrc tokenize`, or its output directory), a .jsonl/.txt "
+                "text file, or python-package-docs (needed by the continuation and shuffled kinds)"})
     tokenizer: str = field(metadata={
         "help": "tokenizer directory (the teacher's): decodes token rows, measures spans in tokens"})
     out: Path = field(metadata={"help": "task directory to write", "output": "dir"})
@@ -160,6 +161,12 @@ def text_documents(path: Path, text_field: str) -> list[str]:
 
 def load_documents(args: TasksArgs, tokenizer: Any) -> list[list[int]]:
     """Every held-out document as token ids (no special tokens)."""
+    if str(args.data) in BUILTIN_SOURCES:
+        if str(args.data) == "python-stdlib-docs":
+            raise LRCError("--data python-stdlib-docs is a training corpus; give its held-out split (valid/ of "
+                           "`lrc tokenize`), or python-package-docs, which the stdlib corpus never sees")
+        texts = [r["text"] for r in BUILTIN_SOURCES[str(args.data)]()]
+        return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     if args.data.is_dir():
         return token_documents(heldout_token_dir(args.data), tokenizer)
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in text_documents(args.data, args.text_field)]

@@ -2,7 +2,9 @@
 
 A source is a local ``.jsonl``/``.json``/``.txt``/``.parquet`` file, a `datasets` hub id, a
 local directory that `datasets` reads like one, or a built-in corpus (:data:`BUILTIN_SOURCES`:
-``python-stdlib-docs``, the docstrings of Python's own standard library, on every machine).
+``python-stdlib-docs``, the docstrings of Python's own standard library, on every machine; and
+``python-package-docs``, those of packages every install of lrc brings, a second source the
+stdlib corpus never sees, for held-out tasks).
 A corpus may mix several sources
 (``--mixture FILE``, a YAML list of :class:`SourceSpec` entries): :func:`mix` interleaves
 their documents so that each source's token count tracks its share, and a row filter
@@ -139,11 +141,23 @@ def _builtin_info(source: str) -> dict:
     for record in BUILTIN_SOURCES[source]():
         h.update(record["name"].encode() + b"\0" + record["text"].encode() + b"\0")
         docs += 1
-    return {"builtin": source, "license": STDLIB_DOCS_LICENSE, "python": sys.version.split()[0],
+    return {"builtin": source, "license": BUILTIN_LICENSES[source], "python": sys.version.split()[0],
             "corpus_documents": docs, "text_sha256": h.hexdigest()}
 
 
-BUILTIN_SOURCES = {"python-stdlib-docs": stdlib_documents}
+# Modules of packages that lrc's own install brings (its dependencies and theirs), with large
+# English docstrings; the text changes with the installed versions (recorded by the text hash).
+PACKAGE_DOC_MODULES = ("datasets.arrow_dataset", "huggingface_hub.hf_api", "jinja2.environment", "matplotlib.pyplot",
+                       "numpy.lib.npyio", "numpy.linalg", "safetensors.torch", "scipy.stats._stats_py", "tqdm.std",
+                       "yaml")
+BUILTIN_SOURCES = {"python-stdlib-docs": stdlib_documents,
+                   "python-package-docs": functools.partial(stdlib_documents, PACKAGE_DOC_MODULES)}
+BUILTIN_LICENSES = {
+    "python-stdlib-docs": STDLIB_DOCS_LICENSE,
+    "python-package-docs": "each package's own: datasets, huggingface_hub, safetensors Apache-2.0; Jinja2, NumPy, "
+                           "SciPy BSD-3-Clause; Matplotlib the Matplotlib licence (PSF-based); tqdm MPL-2.0 and MIT; "
+                           "PyYAML MIT",
+}
 
 
 def iter_records(source: str, *, split: str = "train", dataset_config: str | None = None,

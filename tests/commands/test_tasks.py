@@ -264,3 +264,21 @@ def test_code_next_line_asks_for_the_line_that_follows_in_the_same_file(corpus, 
     assert main(["--tokenizer", str(root / "tokenizer"), "--out", str(capped), "--kinds", "code_next_line",
                  "--modules", "json", "--items", "5"]) == 0
     assert len(read(capped, "code_next_line")) == 5
+
+
+def test_a_second_held_out_source_the_corpus_never_sees(corpus, tmp_path):
+    from lrc.io.sources import BUILTIN_SOURCES, stdlib_documents
+
+    root, _ = corpus
+    out = tmp_path / "p"
+    assert main(["--data", "python-package-docs", "--tokenizer", str(root / "tokenizer"), "--out", str(out),
+                 "--kinds", "continuation", "--stride", "64", "--items", "300", "--prefix-tokens", "24",
+                 "--continuation-tokens", "8"]) == 0
+    items = read(out, "heldout_continuation")
+    packages = [r["text"] for r in BUILTIN_SOURCES["python-package-docs"]()]
+    stdlib = "\n".join(r["text"] for r in stdlib_documents())
+    assert len(items) == 300
+    for q in items[:50]:
+        assert any(q["context"].strip() in t for t in packages) and q["context"].strip() not in stdlib
+    with pytest.raises(LRCError, match="python-stdlib-docs is a training corpus"):
+        main(["--data", "python-stdlib-docs", "--tokenizer", str(root / "tokenizer"), "--out", str(tmp_path / "s")])
