@@ -77,17 +77,20 @@ def balanced_golds(count: int, choices: int, rng: random.Random) -> list[int]:
     return golds
 
 
+def item(context: str, true: str, pool: Sequence[str], gold: int, choices: int, rng: random.Random) -> dict[str, Any]:
+    """An lm-eval item: ``true`` at position ``gold`` among ``choices - 1`` other answers drawn from ``pool``."""
+    options = rng.sample([a for a in pool if a != true], choices - 1)
+    options.insert(gold, true)
+    return {"context": context, "choices": options, "gold": gold}
+
+
 def multiple_choice(facts: list[tuple[str, str]], choices: int, rng: random.Random) -> list[dict[str, Any]]:
     """One item per fact: the true answer among ``choices - 1`` other answers of the table."""
     answers = sorted({a for _, a in facts})
     if len(answers) < choices:
         raise LRCError(f"a table with {len(answers)} distinct answers cannot fill {choices} choices")
-    items = []
-    for (question, true), gold in zip(facts, balanced_golds(len(facts), choices, rng)):
-        options = rng.sample([a for a in answers if a != true], choices - 1)
-        options.insert(gold, true)
-        items.append({"context": question, "choices": options, "gold": gold})
-    return items
+    return [item(question, true, answers, gold, choices, rng)
+            for (question, true), gold in zip(facts, balanced_golds(len(facts), choices, rng))]
 
 
 def knowledge_task(name: str, choices: int, seed: int) -> list[dict[str, Any]]:
@@ -122,21 +125,17 @@ def docstring_name_task(modules: Sequence[str], choices: int, seed: int) -> list
     """One item per documented object of ``modules``, its name against names of the same module
     (modules with fewer names than ``choices`` give none)."""
     rng = random.Random(f"{seed}-docstring_name")
-    facts: list[tuple[str, str, str]] = []
+    facts: list[tuple[str, str, list[str]]] = []
     for module in modules:
         own = docstring_facts(module)
-        if len({a for _, a in own}) >= choices:
-            facts += [(module, q, a) for q, a in own]
+        names = sorted({a for _, a in own})
+        if len(names) >= choices:
+            facts += [(q, a, names) for q, a in own]
     if not facts:
         raise LRCError(f"docstring_name: no module of {', '.join(modules) or 'none'} documents {choices} objects")
     rng.shuffle(facts)
-    answers = {m: sorted({a for mm, _, a in facts if mm == m}) for m in dict.fromkeys(m for m, _, _ in facts)}
-    items = []
-    for (module, question, true), gold in zip(facts, balanced_golds(len(facts), choices, rng)):
-        options = rng.sample([a for a in answers[module] if a != true], choices - 1)
-        options.insert(gold, true)
-        items.append({"context": question, "choices": options, "gold": gold})
-    return items
+    return [item(question, true, names, gold, choices, rng)
+            for (question, true, names), gold in zip(facts, balanced_golds(len(facts), choices, rng))]
 
 
 CONTEXT_LINES = 8
@@ -165,6 +164,8 @@ def code_next_line_task(modules: Sequence[str], choices: int, seed: int, stride:
         except (OSError, TypeError) as err:
             raise LRCError(f"code_next_line: no Python source for module {name!r} ({err})") from err
         candidates = sorted({ln for ln in lines if len(ln.strip()) >= MIN_LINE_CHARS})
+        if len(candidates) < choices:
+            continue  # too short a file to offer distractors
         for i in range(CONTEXT_LINES, len(lines), stride):
             if len(lines[i].strip()) >= MIN_LINE_CHARS:
                 facts.append(("\n".join(lines[i - CONTEXT_LINES:i]) + "\n", lines[i], candidates))
@@ -172,9 +173,5 @@ def code_next_line_task(modules: Sequence[str], choices: int, seed: int, stride:
         raise LRCError(f"code_next_line: no line to ask about in {', '.join(modules) or 'no module'}")
     rng.shuffle(facts)
     facts = facts[:items]
-    out = []
-    for (context, true, candidates), gold in zip(facts, balanced_golds(len(facts), choices, rng)):
-        options = rng.sample([c for c in candidates if c != true], choices - 1)
-        options.insert(gold, true)
-        out.append({"context": context, "choices": options, "gold": gold})
-    return out
+    return [item(context, true, candidates, gold, choices, rng)
+            for (context, true, candidates), gold in zip(facts, balanced_golds(len(facts), choices, rng))]
