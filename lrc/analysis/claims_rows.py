@@ -197,9 +197,8 @@ def paired_row(claim: str, comparison: str, a: Mapping[int, float], b: Mapping[i
                b_name: str, ref: Paper = NO_PAPER, headline: bool = False, **extra: Any) -> dict[str, Any]:
     """A row for ``a - b`` paired by seed: mean difference, its interval, paired p-value."""
     diffs = paired_differences(a, b, a_name=a_name, b_name=b_name)
-    extra = {"model": a_name, "model_mean": mean(a.values()), "model_per_seed": per_seed_text(a), "baseline": b_name,
-             "baseline_mean": mean(b.values()), "baseline_per_seed": per_seed_text(b), **extra}
-    return _row(claim, comparison, diffs, paired_t_pvalue(diffs.values()), ref, headline, extra)
+    return _row(claim, comparison, diffs, paired_t_pvalue(diffs.values()), ref, headline,
+                {**_both_arms(a, b, a_name, b_name), **extra})
 
 
 def reduction_row(claim: str, comparison: str, model: Mapping[int, float], baseline: Mapping[int, float], *,
@@ -209,10 +208,14 @@ def reduction_row(claim: str, comparison: str, model: Mapping[int, float], basel
     seed): its mean, interval and t-test against 0."""
     removed = paired_differences(baseline, model, a_name=b_name, b_name=a_name)
     values = {seed: 100.0 * d / float(baseline[seed]) for seed, d in removed.items()}
-    extra = {"model": a_name, "model_mean": mean(model.values()), "model_per_seed": per_seed_text(model),
-             "baseline": b_name, "baseline_mean": mean(baseline.values()), "baseline_per_seed": per_seed_text(baseline),
-             **extra}
-    return _row(claim, comparison, values, paired_t_pvalue(values.values()), ref, headline, extra)
+    return _row(claim, comparison, values, paired_t_pvalue(values.values()), ref, headline,
+                {**_both_arms(model, baseline, a_name, b_name), **extra})
+
+
+def _both_arms(a: Mapping[int, float], b: Mapping[int, float], a_name: str, b_name: str) -> dict[str, Any]:
+    """The columns naming a paired row's two sides, with their means and per-seed values."""
+    return {"model": a_name, "model_mean": mean(a.values()), "model_per_seed": per_seed_text(a), "baseline": b_name,
+            "baseline_mean": mean(b.values()), "baseline_per_seed": per_seed_text(b)}
 
 
 def _row(claim, comparison, values, p_value, ref: Paper, headline, extra) -> dict[str, Any]:

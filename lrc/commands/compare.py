@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import pandas as pd
 
@@ -34,9 +34,17 @@ class CompareArgs:
             raise LRCError(f"--level must lie in (0, 1), got {self.level}")
 
 
-def evaluation(path: Path) -> tuple[str, Path, dict, dict | None]:
-    """(model name, its lm-eval records directory, its tasks, its held-out rows) from an `lrc evaluate`
-    summary."""
+class Evaluation(NamedTuple):
+    """What `lrc compare` reads of an `lrc evaluate` summary."""
+
+    name: str
+    records: Path  # its lm-eval records directory
+    tasks: dict
+    heldout_rows: dict | None  # each held-out row's sums, where the evaluation measured them
+
+
+def evaluation(path: Path) -> Evaluation:
+    """The model name, lm-eval records directory, tasks and held-out rows of an `lrc evaluate` summary."""
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
@@ -49,21 +57,22 @@ def evaluation(path: Path) -> tuple[str, Path, dict, dict | None]:
         raise LRCError(f"{path}: its lm-eval records {records} are missing (evaluations before lrc kept them "
                        "must be run again)")
     heldout = (summary.get("extra") or {}).get("heldout_rows")
-    return str(summary.get("model") or path.stem), records, summary["tasks"], heldout
+    return Evaluation(str(summary.get("model") or path.stem), records, summary["tasks"], heldout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(CompareArgs, argv, prog="lrc compare")
     a, b = evaluation(args.a), evaluation(args.b)
-    if a[0] == b[0]:
-        a, b = (str(args.a), *a[1:]), (str(args.b), *b[1:])
-    table = pd.concat([compare_table(a[:3], b[:3], args.level),
-                       heldout_table((a[0], a[3]), (b[0], b[3]), args.level)], ignore_index=True)
+    if a.name == b.name:
+        a, b = a._replace(name=str(args.a)), b._replace(name=str(args.b))
+    table = pd.concat([compare_table((a.name, a.records, a.tasks), (b.name, b.records, b.tasks), args.level),
+                       heldout_table((a.name, a.heldout_rows), (b.name, b.heldout_rows), args.level)],
+                      ignore_index=True)
     if table.empty:
-        raise LRCError(f"{a[0]} and {b[0]} share no task scored with the same metric and no held-out rows "
-                       f"(tasks {sorted(a[2])} vs {sorted(b[2])})")
+        raise LRCError(f"{a.name} and {b.name} share no task scored with the same metric and no held-out rows "
+                       f"(tasks {sorted(a.tasks)} vs {sorted(b.tasks)})")
     if args.out is not None:
         write_csv(table, args.out)
-    print(f"A = {a[0]}, B = {b[0]}; {args.level:.0%} paired interval over items")
+    print(f"A = {a.name}, B = {b.name}; {args.level:.0%} paired interval over items")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     return 0

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import html.entities
 import http
-import importlib
 import inspect
 import random
-import warnings
 from typing import Any, Callable, Sequence
 
 from lrc.errors import LRCError
-from lrc.io.sources import STDLIB_DOC_MODULES, documented_objects, in_valid_split
+from lrc.io.sources import STDLIB_DOC_MODULES, documented_objects, import_quietly, in_valid_split
 
 TZ_REGIONS = ("Africa", "America", "Antarctica", "Asia", "Atlantic", "Australia", "Europe", "Indian", "Pacific")
 
@@ -144,9 +142,7 @@ MIN_LINE_CHARS = 12  # a next line worth predicting: not a bracket, a blank or a
 
 def _import(module_name: str, task: str) -> Any:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return importlib.import_module(module_name)
+        return import_quietly(module_name)
     except ImportError as err:
         raise LRCError(f"{task}: cannot import module {module_name!r} ({err})") from err
 

@@ -84,15 +84,20 @@ def in_valid_split(key: int | str, fraction: float) -> bool:
     return zlib.crc32(data) / 2**32 < fraction
 
 
+def import_quietly(name: str) -> Any:
+    """The module ``name``, imported with its deprecation warnings silenced (some stdlib modules warn)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(name)
+
+
 def stdlib_documents(modules: Sequence[str] = STDLIB_DOC_MODULES) -> Iterator[dict]:
     """One document per module: its docstring, then those of its public classes (with their
     methods) and functions, in name order; ``{"name": module, "text": ...}``. A module this
     Python lacks is left out (the manifest records the Python version and the text's hash)."""
     for name in modules:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                module = importlib.import_module(name)
+            module = import_quietly(name)
         except ImportError:
             continue
         text = "\n\n".join(_module_docstrings(module))
