@@ -8,17 +8,13 @@ import io
 import json
 import os
 import re
-import signal
-import subprocess
-import time
-from pathlib import Path
+import socket
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from lrc.cli import COMMANDS
-from lrc.training import checkpoint as ckpt
 
 TEACHER_KINDS = ["llama-tied", "llama-untied", "qwen2-tied", "qwen2-untied"]
 
@@ -109,26 +105,12 @@ def write_corpus(directory, tokenizer, *, rows: int = 64, seq_len: int = 32, see
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def kill_mid_run(cmd: list[str], ckpt_dir: Path, *, after_step: int, timeout: float = 240) -> None:
-    """Start ``cmd``, SIGKILL it once a checkpoint at or after ``after_step`` exists."""
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            done = [p for p in ckpt.list_checkpoints(ckpt_dir) if int(p.name.split("-")[1]) >= after_step]
-            if done:
-                proc.send_signal(signal.SIGKILL)
-                break
-            if proc.poll() is not None:
-                raise AssertionError(f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}")
-            time.sleep(0.01)
-        else:
-            raise AssertionError("no checkpoint appeared in time")
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    assert ckpt.read_done(ckpt_dir) is None, "killed too late: the run had finished"
+def free_port() -> int:
+    """A TCP port free now, for a 2-process run's rendezvous: fixed ports collide when two
+    runs start side by side (a port still in TIME_WAIT, or another test run on the machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def command_options(command: str) -> set[str]:

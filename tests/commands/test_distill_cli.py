@@ -1,15 +1,11 @@
-"""`lrc warmstart` and `lrc distill` end to end on a tiny teacher, and a kill/restart of `lrc distill`."""
+"""`lrc warmstart` and `lrc distill` end to end on a tiny teacher (killed and restarted: test_resume.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from lrc.errors import LRCError
 from tests.helpers import make_teacher, make_tokenizer, write_corpus
@@ -65,29 +61,3 @@ def test_kl_recipe_from_random_init_and_argument_errors(setup, tmp_path):
         main_distill(common(root, tmp_path / "x", "--arm", "dense"))
     with pytest.raises(LRCError, match="unknown --arm"):
         main_distill(common(root, tmp_path / "x", "--arm", "bogus", "--student-hidden", "16"))
-
-
-@pytest.mark.slow
-def test_distill_killed_and_restarted_equals_uninterrupted(setup, tmp_path):
-    from lrc.commands.distill import main_warmstart
-    from tests.helpers import ENV, kill_mid_run
-
-    root = setup
-    assert main_warmstart(common(root, tmp_path / "ws", "--student-hidden", "16", "--tokens", str(4 * 4 * 16))) == 0
-    steps = 300
-
-    def cmd(out: Path) -> list[str]:
-        return [sys.executable, "-m", "lrc.cli", "distill",
-                *common(root, out, "--warmstart", str(tmp_path / "ws"), "--arm", "core",
-                        "--tokens", str(steps * 4 * 16), "--checkpoint-every", "20", "--log-every", "10",
-                        "--seed", "2")]
-
-    subprocess.run(cmd(tmp_path / "straight"), env=ENV, check=True, capture_output=True, timeout=300)
-    kill_mid_run(cmd(tmp_path / "killed"), tmp_path / "killed.ckpt", after_step=20)
-    subprocess.run(cmd(tmp_path / "killed"), env=ENV, check=True, capture_output=True, timeout=300)
-    training = json.loads((tmp_path / "killed" / "settings.json").read_text())["training"]
-    assert training["resumed_from"] is not None
-    a = load_file(str(tmp_path / "straight" / "student.safetensors"))
-    b = load_file(str(tmp_path / "killed" / "student.safetensors"))
-    assert a.keys() == b.keys()
-    assert all(torch.equal(a[k], b[k]) for k in a)

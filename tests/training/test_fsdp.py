@@ -7,7 +7,7 @@ one process, 2 on each of two, so the step's gradient is the same mean reduced i
 order (FSDP2: reduce-scatter of the shards). Tolerance: 1e-5 relative on every logged loss
 and 1e-5 absolute on every saved weight (measured: ~1e-7; a broken tie, a wrong shard or a
 wrong loss scale moves them by 1e-3 or more). A run killed mid-way and restarted under FSDP
-ends bitwise equal to an uninterrupted FSDP run.
+ends bitwise equal to an uninterrupted FSDP run (tests/training/test_resume.py).
 
 Also run as a script by the placement test: ``python tests/training/test_fsdp.py placement OUT KIND``.
 """
@@ -32,7 +32,6 @@ from tests.launch import (
     STEPS,
     compare,
     distill_flags,
-    killed_and_restarted_equals_uninterrupted,
     launch,
     losses,
     run,
@@ -71,21 +70,6 @@ def test_fsdp2_two_processes_follow_one_process(world, tmp_path, arm):
         with pytest.raises(ckpt.DamagedCheckpoint, match="metadata"):
             ckpt.verify_checkpoint(step, **expect)
     assert json.loads((tmp_path / "p2" / "lrc.json").read_text())["arm"] == arm
-
-
-# Once, on the tied Llama: the sharded tie is the delicate part.
-@pytest.mark.slow
-@pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
-def test_fsdp2_killed_and_restarted_equals_uninterrupted(world, tmp_path):
-    steps = 40
-    cmd = lambda out: launch("-m", "lrc.cli", "distill",  # noqa: E731
-                             *distill_flags(world, out, "core", steps, "--checkpoint-every", "5", "--log-every", "5"))
-    a = killed_and_restarted_equals_uninterrupted(cmd, tmp_path)
-    (tmp_path / "killed").rename(tmp_path / "killed.first")
-    run(cmd(tmp_path / "killed"))  # the finished checkpoint directory: nothing retrained, same weights
-    assert json.loads((tmp_path / "killed" / "settings.json").read_text())["training"]["already_done"] is True
-    c = load_file(str(tmp_path / "killed" / "student.safetensors"))
-    assert all(torch.equal(a[n], c[n]) for n in a)
 
 
 @pytest.mark.slow

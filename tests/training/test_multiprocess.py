@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import free_port
 from tests.training_runs import STEPS, run_training
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +42,8 @@ def test_two_processes_follow_one_process(tmp_path, kind):
     script = str(Path(__file__).resolve())
     subprocess.run([sys.executable, script, str(tmp_path / "p1"), kind], check=True, env=env, cwd=REPO, timeout=300)
     launch = [sys.executable, "-m", "accelerate.commands.launch",
-              "--config_file", str(REPO / "config/accelerate/cpu2.yaml"), "--main_process_port", "29533", script,
+              "--config_file", str(REPO / "config/accelerate/cpu2.yaml"), "--main_process_port", str(free_port()),
+              script,
               str(tmp_path / "p2"), kind]
     subprocess.run(launch, check=True, env=env, cwd=REPO, timeout=300)
 

@@ -27,7 +27,7 @@ from lrc.method.student import build_student
 from lrc.training import recompute
 from lrc.training.loop import TrainArgs, train
 from lrc.training.memory import StepSpec, trace_step
-from tests.helpers import SEQ, RandomTokens, make_teacher, tiny_llama
+from tests.helpers import SEQ, RandomTokens, free_port, make_teacher, tiny_llama
 from tests.recompute_helpers import ARM_IMPLS, fit, masked_batch, perturbed_student
 from tests.workflow_helpers import default_config, rule_shells
 
@@ -242,7 +242,8 @@ def test_two_checkpointed_processes_follow_one(tmp_path):
     script = str(Path(__file__).resolve())
     subprocess.run([sys.executable, script, str(tmp_path / "p1")], check=True, env=env, cwd=REPO, timeout=300)
     launch = [sys.executable, "-m", "accelerate.commands.launch",
-              "--config_file", str(REPO / "config/accelerate/cpu2.yaml"), "--main_process_port", "29541", script,
+              "--config_file", str(REPO / "config/accelerate/cpu2.yaml"), "--main_process_port", str(free_port()),
+              script,
               str(tmp_path / "p2")]
     subprocess.run(launch, check=True, env=env, cwd=REPO, timeout=300)
     curves = []

@@ -242,14 +242,11 @@ def _slowest_process_worker(rank: int, port: int, ckpt_dir: str) -> None:
 @pytest.mark.slow
 def test_the_slowest_process_optimiser_time_is_logged_beside_process_0s(tmp_path):
     """Under DDP the metrics line has process 0's times and, as *_max, the slowest process's."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_slowest_process_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    from tests.helpers import free_port
+
+    mp.spawn(_slowest_process_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     record = json.loads((tmp_path / ckpt.METRICS_FILE).read_text())
     assert record["optimizer_cpu_s_per_step"] < 0.05 <= 0.2 <= record["optimizer_cpu_s_per_step_max"]
     assert record["cpu_s_per_step_max"] >= record["optimizer_cpu_s_per_step_max"]

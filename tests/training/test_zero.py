@@ -6,14 +6,14 @@ and losses are bitwise those of plain DDP with 2 processes, and they follow 1 pr
 same micro-batches, the gradient reduced in another order) within test_multiprocess's
 tolerance (1e-5 relative on every loss, 1e-4 on every weight; measured 8e-8 and 1e-7 dense,
 9e-6 core). The checkpoint is the one-process optimiser state (process 0 collects it), and
-a 2-process run killed mid-way and restarted ends bitwise equal to an uninterrupted one.
+a 2-process run killed mid-way and restarted ends bitwise equal to an uninterrupted one
+(tests/training/test_resume.py).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,23 +22,18 @@ from safetensors.torch import load_file
 
 from lrc.training import checkpoint as ckpt
 from tests.launch import (
+    DDP_CONFIG,
     ENV,
     REPO,
     compare,
     distill_flags,
-    killed_and_restarted_equals_uninterrupted,
     losses,
 )
 from tests.launch import launch as fsdp_launch
 from tests.launch import run as run_ok
 
-CONFIG = REPO / "config" / "accelerate" / "cpu2.yaml"
-_port = iter(range(29710, 29790))
-
-
 def launch(*args: str) -> list[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG),
-            "--main_process_port", str(next(_port)), *args]
+    return fsdp_launch(*args, config=DDP_CONFIG)
 
 
 def zero_flags(root: Path, out: Path, arm: str, steps: int, *extra: str) -> list[str]:
@@ -77,15 +72,6 @@ def test_sharded_states_two_processes_follow_one_process(world, tmp_path, arm):
     saved = torch.load(ckpt.latest_checkpoint(tmp_path / "p2.ckpt") / ckpt.OPTIMIZER_FILE, weights_only=True)
     params = sum(len(g["params"]) for g in saved["param_groups"])
     assert sorted(saved["state"]) == list(range(params))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
-def test_sharded_states_killed_and_restarted_equals_uninterrupted(world, tmp_path):
-    steps = 40
-    cmd = lambda out: launch("-m", "lrc.cli", "distill",  # noqa: E731
-                             *zero_flags(world, out, "core", steps, "--checkpoint-every", "5", "--log-every", "5"))
-    killed_and_restarted_equals_uninterrupted(cmd, tmp_path)
 
 
 @pytest.mark.slow
