@@ -41,19 +41,19 @@ def test_gpu_check_dry_mode_on_the_cpu(tmp_path):
     assert stages["merge"]["status"] == "ok" and float(stages["merge"]["max_abs_diff"]) <= 1e-5
     assert any(r["stage"] == "bench-4l-b" and r["status"].startswith("skipped") for r in rows)  # the budget held
     assert "stage" in proc.stdout and "wrote" in proc.stdout  # the table
+    assert not any(p.is_dir() for p in (tmp_path / "out").iterdir())  # the teacher, bases, states: in the scratch
 
 
 @pytest.mark.slow
 def test_gpu_check_builds_its_venv_from_a_venv_python_offline(tmp_path):
     """The wrapper's own venv (a fresh clone of HEAD) made from a python that is itself a venv's,
     as the GPU image's python3 is, with no package index: the parent venv's torch stays
-    visible, pip's failures fall back to PYTHONPATH, and the check runs from the clone."""
+    visible, pip's failures fall back to PYTHONPATH, and lrc imports from the clone (--setup-only:
+    the check itself is the dry-mode test's)."""
     env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PIP_NO_INDEX": "1"}
     cmd = [str(REPO / "scripts" / "gpu-check"), "--device", "cpu", "--python", sys.executable,
-           "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--budget-s", "20", "--arms", "dense"]
+           "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--setup-only"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"lrc from {tmp_path / 'work' / 'src' / 'lrc'}" in proc.stdout
-    rows = list(csv.DictReader(open(tmp_path / "out" / "gpu-check.csv")))
-    assert {r["arm"] for r in rows if r["stage"] == "bench" and r["status"] == "ok"} == {"kd", "dense"}
-    assert not (tmp_path / "out" / "work").exists()  # the teacher, bases and states stay in the scratch directory
+    assert "torch 2." in proc.stdout and not (tmp_path / "out" / "gpu-check.csv").exists()

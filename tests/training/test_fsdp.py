@@ -9,7 +9,8 @@ and 1e-5 absolute on every saved weight (measured: ~1e-7; a broken tie, a wrong 
 wrong loss scale moves them by 1e-3 or more). A run killed mid-way and restarted under FSDP
 ends bitwise equal to an uninterrupted FSDP run (tests/training/test_resume.py).
 
-Also run as a script by the placement test: ``python tests/training/test_fsdp.py placement OUT KIND``.
+Also run as a script under `accelerate launch`: ``python tests/training/test_fsdp.py placement OUT KIND`` (the placement
+test) and ``... distill-arms WORLD OUT`` (every arm's 2-process run in the same two processes).
 """
 
 from __future__ import annotations
@@ -40,36 +41,48 @@ from tests.training_runs import run_training
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arm", ARMS)
-def test_fsdp2_two_processes_follow_one_process(world, tmp_path, arm):
+def test_fsdp2_two_processes_follow_one_process(world, tmp_path):
+    """Every arm, on both teacher kinds: one `accelerate launch` trains the arms in turn in the same
+    two processes (as `lrc distill` each), so the processes start once per teacher, not per arm."""
     from lrc.commands.distill import main_distill
 
-    assert main_distill(distill_flags(world, tmp_path / "p1", arm)) == 0
-    run(launch("-m", "lrc.cli", "distill",
-               *distill_flags(world, tmp_path / "p2", arm, STEPS, "--checkpoint-every", "4")))
-    s1 = json.loads((tmp_path / "p1" / "settings.json").read_text())["training"]
-    s2 = json.loads((tmp_path / "p2" / "settings.json").read_text())["training"]
-    assert (s1["num_processes"], s1["grad_accumulation"]) == (1, 4)
-    assert (s2["num_processes"], s2["grad_accumulation"]) == (2, 2)
-    assert losses(tmp_path / "p1")[-1] < losses(tmp_path / "p1")[0]  # it trained
-    rel, diff = compare(tmp_path / "p1", tmp_path / "p2")
-    print(f"{world.name} {arm}: FSDP2 2 processes vs 1: max relative loss difference {rel:.2e}, "
-          f"max |weight difference| {diff:.2e}")
-    assert rel < RTOL and diff < ATOL
-    step = ckpt.latest_checkpoint(tmp_path / "p2.ckpt")  # accelerate's sharded (DCP) model and optimiser
-    assert (step / "pytorch_model_fsdp_0" / ".metadata").is_file() and (step / "optimizer_0" / ".metadata").is_file()
-    assert not (step / ckpt.TRAINABLE_FILE).exists()
-    if arm == "core":  # the sharded directories are verified before a resume; damage is named
-        expect = {"trainable": None, "optimizer_params": None, "processes": 2, "sharded": True}
+    run(launch(str(Path(__file__).resolve()), "distill-arms", str(world), str(tmp_path)))
+    for arm in ARMS:
+        one, two = tmp_path / f"{arm}-p1", tmp_path / f"{arm}-p2"
+        assert main_distill(distill_flags(world, one, arm)) == 0
+        s1 = json.loads((one / "settings.json").read_text())["training"]
+        s2 = json.loads((two / "settings.json").read_text())["training"]
+        assert (s1["num_processes"], s1["grad_accumulation"]) == (1, 4)
+        assert (s2["num_processes"], s2["grad_accumulation"]) == (2, 2)
+        assert losses(one)[-1] < losses(one)[0]  # it trained
+        rel, diff = compare(one, two)
+        print(f"{world.name} {arm}: FSDP2 2 processes vs 1: max relative loss difference {rel:.2e}, "
+              f"max |weight difference| {diff:.2e}")
+        assert rel < RTOL and diff < ATOL, arm
+        step = ckpt.latest_checkpoint(tmp_path / f"{arm}-p2.ckpt")  # accelerate's sharded (DCP) model and optimiser
+        assert ((step / "pytorch_model_fsdp_0" / ".metadata").is_file()
+                and (step / "optimizer_0" / ".metadata").is_file())
+        assert not (step / ckpt.TRAINABLE_FILE).exists()
+        assert json.loads((two / "lrc.json").read_text())["arm"] == arm
+    # the sharded directories are verified before a resume; damage is named
+    step = ckpt.latest_checkpoint(tmp_path / "core-p2.ckpt")
+    expect = {"trainable": None, "optimizer_params": None, "processes": 2, "sharded": True}
+    ckpt.verify_checkpoint(step, **expect)
+    shard = next((step / ckpt.SHARDED_OPTIMIZER_DIR).glob("*.distcp"))
+    shard.unlink()
+    with pytest.raises(ckpt.DamagedCheckpoint, match=shard.name):
         ckpt.verify_checkpoint(step, **expect)
-        shard = next((step / ckpt.SHARDED_OPTIMIZER_DIR).glob("*.distcp"))
-        shard.unlink()
-        with pytest.raises(ckpt.DamagedCheckpoint, match=shard.name):
-            ckpt.verify_checkpoint(step, **expect)
-        (step / ckpt.SHARDED_MODEL_DIR / ".metadata").write_bytes(b"garbage")
-        with pytest.raises(ckpt.DamagedCheckpoint, match="metadata"):
-            ckpt.verify_checkpoint(step, **expect)
-    assert json.loads((tmp_path / "p2" / "lrc.json").read_text())["arm"] == arm
+    (step / ckpt.SHARDED_MODEL_DIR / ".metadata").write_bytes(b"garbage")
+    with pytest.raises(ckpt.DamagedCheckpoint, match="metadata"):
+        ckpt.verify_checkpoint(step, **expect)
+
+
+def distill_arms(world: Path, out: Path) -> None:
+    """Each arm's 2-process run, one after another in this launch's processes."""
+    from lrc.commands.distill import main_distill
+
+    for arm in ARMS:
+        assert main_distill(distill_flags(world, out / f"{arm}-p2", arm, STEPS, "--checkpoint-every", "4")) == 0
 
 
 @pytest.mark.slow
@@ -159,6 +172,8 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     if sys.argv[1] == "placement":
         placement(Path(sys.argv[2]), sys.argv[3])
+    elif sys.argv[1] == "distill-arms":
+        distill_arms(Path(sys.argv[2]), Path(sys.argv[3]))
     # As `lrc` does, once the run's objects are gone: ended inside placement(), the group lived on in
     # its DTensors' device mesh until the interpreter's exit, where gloo aborted the process (CI, once).
     end_process_group()
