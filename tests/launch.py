@@ -44,11 +44,11 @@ def flags(root: Path, out: Path, *extra: str) -> list[str]:
             "--log-every", "1", "--no-progress", "--threads", "1", *extra]
 
 
-def distill_flags(root: Path, out: Path, arm: str, steps: int = STEPS, *extra: str) -> list[str]:
+def distill_flags(root: Path, out: Path, arm: str, steps: int = STEPS, *extra: str, fsdp: bool = True) -> list[str]:
     # FSDP2 shards the MLP matrices, and the optimizer-step basis change needs them whole: core
     # and randcomp run with their parametrised implementation under FSDP (both processes counts
-    # alike, so the comparison is like for like).
-    impl = ["--core-impl", "parametrized"] if arm in COORDINATE_ARMS else []
+    # alike, so the comparison is like for like); fsdp=False keeps the default, in the optimiser step.
+    impl = ["--core-impl", "parametrized"] if fsdp and arm in COORDINATE_ARMS else []
     return flags(root, out, "--warmstart", str(root / "ws"), "--arm", arm, "--tokens", str(steps * BATCH * SEQ),
                  "--seed", "1", *impl, *extra)
 

@@ -35,12 +35,12 @@ from lrc.training import checkpoint as ckpt
 from tests.helpers import make_tokenizer, write_corpus, write_llama_config
 from tests.launch import DDP_CONFIG, ENV, FSDP_CONFIG, REPO, distill_flags, launch
 
-# case: (steps, checkpoint every, kill at or after): one process is fast, so its runs are long
-# enough that the kill lands well before the end.
-CASES = {"pretrain": (300, 20, 20), "distill": (150, 10, 10), "zero": (40, 5, 5), "fsdp": (40, 5, 5)}
+# case: (steps, checkpoint every); killed after its first checkpoint. One process is fast, so its
+# runs are long enough that the kill lands well before the end.
+CASES = {"pretrain": (300, 20), "distill": (150, 10), "zero": (40, 5), "fsdp": (40, 5)}
 
 
-def pretrain_command(root: Path, steps: int, every: int = 40):
+def pretrain_command(root: Path, steps: int, every: int):
     tok = make_tokenizer(root / "tok")
     write_corpus(root / "data", tok, rows=64, seq_len=32)
     write_llama_config(root / "config.json", len(tok))
@@ -57,17 +57,14 @@ def pretrain_command(root: Path, steps: int, every: int = 40):
 
 def case_command(case: str, world: Path, tmp_path: Path):
     """``cmd(out)`` of one case of the matrix, and the name of its weights file."""
-    steps, every, _ = CASES[case]
+    steps, every = CASES[case]
     if case == "pretrain":
         return pretrain_command(tmp_path, steps, every), "model.safetensors"
 
     def flags(out: Path) -> list[str]:
-        args = distill_flags(world, out, "core", steps, "--checkpoint-every", str(every), "--log-every", "5",
-                             "--seed", "2")
-        if case != "fsdp":  # FSDP needs the parametrised core; elsewhere the default, in the optimiser step
-            i = args.index("--core-impl")
-            del args[i:i + 2]
-        return args + {"distill": ["--update-energy-every", "7"], "zero": ["--shard-optimizer"], "fsdp": []}[case]
+        extra = {"distill": ["--update-energy-every", "7"], "zero": ["--shard-optimizer"], "fsdp": []}[case]
+        return distill_flags(world, out, "core", steps, "--checkpoint-every", str(every), "--log-every", "5", *extra,
+                             fsdp=case == "fsdp")
 
     if case == "distill":
         return (lambda out: [sys.executable, "-m", "lrc.cli", "distill", *flags(out)]), "student.safetensors"
@@ -120,7 +117,7 @@ def logged(out: Path) -> list[tuple[int, float]]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_killed_and_restarted_equals_uninterrupted(case, world, tmp_path):
     cmd, weights = case_command(case, world, tmp_path)
-    steps, every, kill_at = CASES[case]
+    steps, kill_at = CASES[case]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run(cmd(straight))
     kill_after_checkpoint(cmd(killed), tmp_path / "killed.ckpt", kill_at)
@@ -148,7 +145,7 @@ def test_killed_and_restarted_equals_uninterrupted(case, world, tmp_path):
 def test_a_rerun_beside_a_live_orphan_is_refused_naming_its_pid(tmp_path):
     """Issue 9 item 10: a run still training (an orphan of a killed Snakemake) keeps its
     checkpoint directory; a second run on it exits 2 naming that process and touches nothing."""
-    cmd = pretrain_command(tmp_path, 4000)
+    cmd = pretrain_command(tmp_path, 4000, 40)
     orphan = subprocess.Popen(cmd(tmp_path / "out"), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 240

@@ -37,12 +37,7 @@ def launch(*args: str) -> list[str]:
 
 
 def zero_flags(root: Path, out: Path, arm: str, steps: int, *extra: str) -> list[str]:
-    flags = distill_flags(root, out, arm, steps, "--shard-optimizer", *extra)
-    # (tests/launch.py's FSDP flags: the parametrised core; under DDP the default, in the optimiser step)
-    if "--core-impl" in flags:
-        i = flags.index("--core-impl")
-        del flags[i:i + 2]
-    return flags
+    return distill_flags(root, out, arm, steps, "--shard-optimizer", *extra, fsdp=False)
 
 
 @pytest.mark.slow
