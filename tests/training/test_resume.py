@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from lrc.method.update_energy import UPDATE_ENERGY_FILE
 from lrc.training import checkpoint as ckpt
 from tests.helpers import make_tokenizer, write_corpus, write_llama_config
-from tests.launch import DDP_CONFIG, ENV, FSDP_CONFIG, REPO, distill_flags, launch
+from tests.launch import DDP_CONFIG, ENV, FSDP_CONFIG, REPO, distill_flags, launch, run
 
 # case: (steps, checkpoint every); killed after its first checkpoint. One process is fast, so its
 # runs are long enough that the kill lands well before the end.
@@ -70,11 +70,6 @@ def case_command(case: str, world: Path, tmp_path: Path):
         return (lambda out: [sys.executable, "-m", "lrc.cli", "distill", *flags(out)]), "student.safetensors"
     config = DDP_CONFIG if case == "zero" else FSDP_CONFIG
     return (lambda out: launch("-m", "lrc.cli", "distill", *flags(out), config=config)), "student.safetensors"
-
-
-def run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, env=ENV, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def kill_after_checkpoint(cmd: list[str], ckpt_dir: Path, after_step: int, timeout: float = 240) -> None:

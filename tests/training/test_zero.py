@@ -28,14 +28,10 @@ from tests.launch import (
     REPO,
     compare,
     distill_flags,
+    launch,
     losses,
 )
-from tests.launch import launch as fsdp_launch
 from tests.launch import run as run_ok
-
-def launch(*args: str) -> list[str]:
-    return fsdp_launch(*args, config=DDP_CONFIG)
-
 
 def zero_flags(root: Path, out: Path, arm: str, steps: int, *extra: str) -> list[str]:
     return distill_flags(root, out, arm, steps, "--shard-optimizer", *extra, fsdp=False)
@@ -50,7 +46,7 @@ def test_sharded_states_two_processes_follow_one_process(world, tmp_path):
     """Both arms, sharded and plain DDP, in one `accelerate launch` (the processes start once)."""
     from lrc.commands.distill import main_distill
 
-    run_ok(launch(str(Path(__file__).resolve()), str(world), str(tmp_path)))
+    run_ok(launch(str(Path(__file__).resolve()), str(world), str(tmp_path), config=DDP_CONFIG))
     for arm in ZERO_ARMS:
         p1, p2, ddp = (tmp_path / f"{arm}-{run}" for run in ("p1", "p2", "ddp"))
         assert main_distill(zero_flags(world, p1, arm, 8)) == 0
@@ -86,7 +82,7 @@ def two_process_runs(world: Path, out: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("world", ["llama-tied"], indirect=True)
 def test_sharded_states_are_refused_under_fsdp(world, tmp_path):
-    out = subprocess.run(fsdp_launch("-m", "lrc.cli", "distill",
+    out = subprocess.run(launch("-m", "lrc.cli", "distill",
                                      *distill_flags(world, tmp_path / "f", "dense", 2, "--shard-optimizer")),
                          env=ENV, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert out.returncode != 0 and "FSDP2 shards the optimiser states itself" in out.stderr
