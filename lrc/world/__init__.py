@@ -3,7 +3,8 @@
 `lrc world --out DIR --seed S` writes::
 
     corpus/{train,valid}.jsonl   {"text": ...} per document (short biographies)
-    sft/{train,valid}.jsonl      {"messages": [user, assistant, ...]} question/answer chats
+    sft/{train,valid}.jsonl      {"messages": [user, assistant, ...]} question/answer chats about
+                                 people of their own, none of whom the tasks ask about
     tasks/                       lm-eval task YAMLs + JSONL data (the local "tiny" suite)
     tokenizer/                   byte-level BPE, loadable by AutoTokenizer, with a chat template
     teacher_config.json          the tiny teacher's LlamaConfig (vocab = the tokenizer's)
@@ -21,11 +22,13 @@ from pathlib import Path
 
 from lrc.world.generator import (
     FACTS,
+    Person,
     World,
     WorldSize,
     build_world,
     corpus_documents,
     sft_conversations,
+    sft_people,
 )
 from lrc.world.tasks import write_tasks
 from lrc.world.tokenizer import train_tokenizer
@@ -84,12 +87,13 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def _world_record(world: World, size: WorldSize, seed: int, tasks: dict) -> dict:
+def _world_record(world: World, size: WorldSize, seed: int, tasks: dict, chat_people: list[Person]) -> dict:
     return {
         "seed": seed,
         "size": vars(size),
         "facts": list(FACTS),
         "people": [{"name": p.name, **p.facts, "heldout_template": p.heldout} for p in world.people],
+        "sft_people": [p.name for p in chat_people],
         "tasks": tasks,
     }
 
@@ -104,20 +108,23 @@ def generate(out: Path, size: WorldSize, teacher_sizes: dict[str, int], seed: in
     _write_jsonl(out / "corpus" / "train.jsonl", [{"text": d} for d in train_docs])
     _write_jsonl(out / "corpus" / "valid.jsonl", [{"text": d} for d in valid_docs])
 
-    people = list(world.people)
-    n_valid = max(1, len(people) // 10)
+    # The chats are about people of their own (sft_people), never about an evaluated one: SFT teaches
+    # the chat format, and a score after SFT measures what distillation kept, not facts re-taught.
     sft_rng = streams["sft"]
-    sft_train = sft_conversations(world, people * 4, sft_rng)
-    sft_valid = sft_conversations(world, sft_rng.sample(people, n_valid), sft_rng)
+    chat_people = sft_people(world, len(world.people), sft_rng)
+    n_valid = max(1, len(chat_people) // 10)
+    sft_train = sft_conversations(world, chat_people * 4, sft_rng)
+    sft_valid = sft_conversations(world, sft_rng.sample(chat_people, n_valid), sft_rng)
     _write_jsonl(out / "sft" / "train.jsonl", [{"messages": m} for m in sft_train])
     _write_jsonl(out / "sft" / "valid.jsonl", [{"messages": m} for m in sft_valid])
 
-    chat_text = [m["content"] for conv in sft_train for m in conv]
-    tokenizer = train_tokenizer(train_docs + chat_text, size.vocab_size, out / "tokenizer")
+    # The tokenizer comes with the teacher, from its pretraining text alone, as a real teacher's
+    # does: the chats' new names and question words are encoded in pieces (it is byte-level).
+    tokenizer = train_tokenizer(train_docs, size.vocab_size, out / "tokenizer")
     tasks = write_tasks(world, out / "tasks", size.eval_docs, streams["tasks"])
     (out / "teacher_config.json").write_text(
         json.dumps(teacher_config(teacher_sizes, tokenizer), indent=2, sort_keys=True) + "\n")
-    record = _world_record(world, size, seed, tasks)
+    record = _world_record(world, size, seed, tasks, chat_people)
     record["teacher_training"] = TEACHER_TRAINING[preset]
     record["single_token_names"] = _single_token_fraction(tokenizer, [p.name for p in world.people])
     record["corpus_tokens"] = {"train": _count_tokens(tokenizer, train_docs),

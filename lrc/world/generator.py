@@ -82,6 +82,16 @@ def _words(rng: random.Random, count: int, taken: set[str]) -> list[str]:
     return out
 
 
+def _assign_balanced(people: list[Person], values: dict[str, tuple[str, ...]], rng: random.Random) -> None:
+    """Every value held by (almost) equally many people, so a model that knows only how often a
+    value occurs, and not who holds it, stays at chance."""
+    for fact in ATTRIBUTES:
+        pool = [values[fact][i % len(values[fact])] for i in range(len(people))]
+        rng.shuffle(pool)
+        for person, value in zip(people, pool):
+            person.facts[fact] = value
+
+
 def build_world(size: WorldSize, seed: int) -> World:
     rng = random.Random(seed)
     taken: set[str] = set()
@@ -91,13 +101,7 @@ def build_world(size: WorldSize, seed: int) -> World:
     values = {"city": cities, "job": JOBS[:size.people], "color": COLORS[:size.people], "pet": PETS[:size.people],
               "friend": tuple(names)}
     people = [Person(name) for name in names]
-    # Balanced assignment: every value is held by (almost) equally many people, so a model
-    # that knows only how often a value occurs, and not who holds it, stays at chance.
-    for fact in ATTRIBUTES:
-        pool = [values[fact][i % len(values[fact])] for i in range(len(people))]
-        rng.shuffle(pool)
-        for person, value in zip(people, pool):
-            person.facts[fact] = value
+    _assign_balanced(people, values, rng)
     # Friends: one random cycle through everybody, so each person is exactly one person's friend.
     order = list(range(len(people)))
     rng.shuffle(order)
@@ -107,6 +111,20 @@ def build_world(size: WorldSize, seed: int) -> World:
         for fact in FACTS:
             person.heldout[fact] = rng.randrange(len(TEMPLATES[fact]))
     return World(people, values)
+
+
+def sft_people(world: World, count: int, rng: random.Random) -> list[Person]:
+    """People who exist only in the SFT chats: new names, facts drawn from the world's value sets,
+    friends among themselves. The chats teach the question/answer format without re-teaching a
+    fact the evaluation asks about (the tasks ask only about ``world.people``)."""
+    taken = {p.name for p in world.people} | set(world.values["city"])
+    names = _words(rng, count, taken)
+    people = [Person(name) for name in names]
+    _assign_balanced(people, world.values, rng)
+    for k, person in enumerate(people):
+        person.facts["friend"] = names[(k + 1) % count]
+        person.heldout = {f: rng.randrange(len(TEMPLATES[f])) for f in FACTS}
+    return people
 
 
 def sentence(template: str, person: Person, fact: str) -> str:
@@ -126,10 +144,8 @@ def corpus_documents(world: World, docs_per_person: int, rng: random.Random) -> 
 
 
 def sft_conversations(world: World, people: list[Person], rng: random.Random) -> list[list[dict[str, str]]]:
-    """One to three question/answer turns about one person per conversation.
-
-    The answer is a sentence in one of the person's seen wordings (never the held-out one),
-    so SFT does not leak the paraphrase tasks' phrasing."""
+    """One to three question/answer turns about one person per conversation, the answer a sentence
+    in one of the person's seen wordings (never its held-out one)."""
     convs = []
     for person in people:
         facts = list(FACTS)

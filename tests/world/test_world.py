@@ -60,13 +60,26 @@ def test_corpus_states_facts_without_the_heldout_wording(world):
                 if i != person["heldout_template"][fact]]
         assert not any(held in d for d in docs), held
         assert any(s in d for d in docs for s in seen)
-    # SFT answers use seen wordings only: the paraphrase tasks stay unseen after SFT too.
-    chats = [json.loads(line)["messages"] for line in (world / "sft/train.jsonl").read_text().splitlines()]
-    answers = [m["content"] for c in chats for m in c if m["role"] == "assistant" and person["name"] in m["content"]]
-    assert answers
-    for fact in FACTS:
-        held = TEMPLATES[fact][person["heldout_template"][fact]].format(n=person["name"], v=person[fact])
-        assert held not in answers
+
+
+def test_sft_chats_are_about_people_the_tasks_never_ask_about(world):
+    """SFT teaches the chat format on people of its own: no chat names an evaluated person, so a
+    score after SFT measures what the student kept, not facts SFT taught again."""
+    record = json.loads((world / "world.json").read_text())
+    evaluated = {p["name"] for p in record["people"]}
+    sft = set(record["sft_people"])
+    assert len(sft) == len(evaluated) and not sft & evaluated
+    asked = {json.loads(line)["person"] for path in (world / "tasks").glob("*.jsonl")
+             for line in path.read_text().splitlines()}
+    assert asked <= evaluated and not asked & sft
+    words = set()
+    for split in ("train", "valid"):
+        for line in (world / "sft" / f"{split}.jsonl").read_text().splitlines():
+            messages = json.loads(line)["messages"]
+            words |= {w.strip(".?") for m in messages for w in m["content"].split()}
+            assert [m["role"] for m in messages] == ["user", "assistant"] * (len(messages) // 2)
+    assert not words & evaluated
+    assert len(words & sft) >= 0.9 * len(sft)  # nearly every SFT person is asked about
 
 
 def test_values_are_balanced_so_frequency_alone_is_at_chance(world):
