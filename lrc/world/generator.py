@@ -92,6 +92,13 @@ def _assign_balanced(people: list[Person], values: dict[str, tuple[str, ...]], r
             person.facts[fact] = value
 
 
+def _hold_out_a_wording(people: list[Person], rng: random.Random) -> None:
+    """For every (person, fact) one template that the corpus and the chats never use."""
+    for person in people:
+        for fact in FACTS:
+            person.heldout[fact] = rng.randrange(len(TEMPLATES[fact]))
+
+
 def build_world(size: WorldSize, seed: int) -> World:
     rng = random.Random(seed)
     taken: set[str] = set()
@@ -107,9 +114,7 @@ def build_world(size: WorldSize, seed: int) -> World:
     rng.shuffle(order)
     for k, i in enumerate(order):
         people[i].facts["friend"] = names[order[(k + 1) % len(order)]]
-    for person in people:
-        for fact in FACTS:
-            person.heldout[fact] = rng.randrange(len(TEMPLATES[fact]))
+    _hold_out_a_wording(people, rng)
     return World(people, values)
 
 
@@ -123,7 +128,7 @@ def sft_people(world: World, count: int, rng: random.Random) -> list[Person]:
     _assign_balanced(people, world.values, rng)
     for k, person in enumerate(people):
         person.facts["friend"] = names[(k + 1) % count]
-        person.heldout = {f: rng.randrange(len(TEMPLATES[f])) for f in FACTS}
+    _hold_out_a_wording(people, rng)
     return people
 
 
