@@ -103,8 +103,8 @@ def markdown(rows: pd.DataFrame, *, seconds: float | None = None) -> str:
               f"— (inconclusive) otherwise; the sign rows' verdicts stand only where Holm's adjusted p over the "
               f"{int((rows['verdict_rule'] == 'sign').sum())} sign rows is below {ALPHA:g}. The rules: "
               "[docs/method.md §9](../docs/method.md).",
-              "- The seed varies the data order and anything random in the arm; it does not vary the teacher, "
-              "nor the warm start unless `claims.vary_warmstart` is set: see "
+              "- The seed varies the data order, anything random in the arm and, with `claims.vary_warmstart` "
+              "(the default), the warm start; it does not vary the teacher: see "
               "[docs/method.md §7, what a seed varies](../docs/method.md) and the README.",
               "- Seeds for the paper's gap: the fewest seeds at which a paired t-test (5 %, two-sided) would detect a "
               "true difference of the paper's size with 80 % power, given the row's measured spread over seeds "

@@ -26,7 +26,8 @@ class WorldArgs:
     cities: int | None = field(default=None, metadata={"help": "number of cities"})
     docs_per_person: int | None = field(default=None, metadata={"help": "training documents per person (exposures)"})
     valid_docs_per_person: int | None = field(default=None, metadata={"help": "validation documents per person"})
-    eval_docs: int | None = field(default=None, metadata={"help": "documents per evaluation task"})
+    eval_docs: int | None = field(default=None, metadata={
+        "help": "documents per evaluation task, a seeded sample; 0: every question the world has"})
     vocab_size: int | None = field(default=None, metadata={"help": "tokenizer vocabulary size"})
     hidden_size: int | None = field(default=None, metadata={"help": "teacher hidden size H"})
     intermediate_size: int | None = field(default=None, metadata={
@@ -39,7 +40,7 @@ class WorldArgs:
         overrides = {k: getattr(self, k) for k in WorldSize.__dataclass_fields__ if getattr(self, k) is not None}
         size = replace(SIZES[self.size], **overrides)
         for key, value in vars(size).items():
-            if value < 1:
+            if value < (0 if key == "eval_docs" else 1):
                 raise LRCError(f"--{key.replace('_', '-')} must be positive, got {value}")
         if size.people < 5:
             raise LRCError(f"--people must be at least 5 (four-way questions about friends), got {size.people}")

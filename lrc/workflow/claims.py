@@ -7,8 +7,9 @@ runs to the jobs whose flags it checks. Pure functions of the validated settings
 experiment: no Snakemake, nothing heavy.
 
 The seed of a run varies its data order and anything random in the arm (randcomp's basis);
-it does not vary the teacher, the tiny world, the SVD bases, nor, unless
-``claims.vary_warmstart`` is true, the warm start every arm continues from.
+it does not vary the teacher, the tiny world or the SVD bases. With ``claims.vary_warmstart``
+(the default) it varies the warm start too: seed 0 continues from the experiment's common warm
+start (the quick start's), every other seed from one of its own.
 """
 
 from __future__ import annotations
@@ -82,10 +83,14 @@ def claim_inputs(exp: str, settings: dict, claim: str) -> list[str]:
     return [teacher, *evals]
 
 
+def varies_warmstart(settings: dict) -> bool:
+    return bool((settings.get("claims") or {}).get("vary_warmstart"))
+
+
 def warmstart_dir(exp: str, settings: dict, recipe: str, seed: int | str) -> str:
-    """The warm start a run continues from: one per recipe, or one per recipe and seed with
-    ``claims.vary_warmstart`` (then the warm start's own seed is the run's)."""
-    if (settings.get("claims") or {}).get("vary_warmstart"):
+    """The warm start a run continues from: the recipe's common one (trained with seed 0), or,
+    with ``claims.vary_warmstart`` and a seed other than 0, one of the seed's own."""
+    if varies_warmstart(settings) and str(seed) != "0":
         return f"results/{exp}/warmstart/{recipe}-s{seed}"
     return f"results/{exp}/warmstart/{recipe}"
 

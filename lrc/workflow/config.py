@@ -39,7 +39,7 @@ from typing import Any
 from lrc.errors import LRCError
 from lrc.names import RECIPES, parse_run_name, run_name
 from lrc.options import read_yaml
-from lrc.workflow.claims import all_claim_runs, claims_problems
+from lrc.workflow.claims import all_claim_runs, claims_problems, varies_warmstart
 from lrc.workflow.option_checks import build_problem, command_args_class, name_positionals, width_problems
 from lrc.workflow.value_checks import value_problems
 
@@ -299,10 +299,10 @@ def jobs(settings: dict) -> list[Job]:
                                                     d["tokens"])]
     distills += [{k: str(v) for k, v in parse_run_name(r).items() if k in ("recipe", "arm", "seed", "tokens")}
                  for r in all_claim_runs(settings)]
-    seeded = (settings.get("claims") or {}).get("vary_warmstart")
     for recipe in dict.fromkeys(w["recipe"] for w in distills):
-        out.append(Job("warmstart_seeded", {"recipe": recipe, "seed": "0"}) if seeded
-                   else Job("warmstart", {"recipe": recipe}))
+        out.append(Job("warmstart", {"recipe": recipe}))
+        if varies_warmstart(settings):
+            out.append(Job("warmstart_seeded", {"recipe": recipe, "seed": "1"}))
     out += [Job("distill", w) for w in distills]
     out.append(Job("merge", {}))
     if sft_runs(settings):

@@ -37,7 +37,7 @@ from lrc.world.tokenizer import train_tokenizer
 # CPU minutes with TEACHER_TRAINING below; an untrained student-shaped model is at chance),
 # "test" the seconds-long world of the end-to-end test (plumbing, not learning).
 SIZES: dict[str, WorldSize] = {
-    "default": WorldSize(people=200, cities=16, docs_per_person=120, valid_docs_per_person=2, eval_docs=400,
+    "default": WorldSize(people=200, cities=16, docs_per_person=120, valid_docs_per_person=2, eval_docs=0,
                          vocab_size=2048),
     "test": WorldSize(people=40, cities=8, docs_per_person=20, valid_docs_per_person=2, eval_docs=40, vocab_size=512),
 }

@@ -50,7 +50,7 @@ class WorldSize:
     cities: int
     docs_per_person: int  # corpus documents per person (each states all its facts)
     valid_docs_per_person: int
-    eval_docs: int  # documents per evaluation task (a seeded sample)
+    eval_docs: int  # documents per evaluation task: a seeded sample, or 0 for every question
     vocab_size: int
 
 

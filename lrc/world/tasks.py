@@ -24,9 +24,10 @@ def cloze(template: str, person: Person) -> str:
 
 
 def task_documents(world: World, spec: dict[str, Any], count: int, rng: random.Random) -> list[dict[str, Any]]:
-    """``count`` seeded (person, fact) questions of one family, with shuffled distractors."""
+    """``count`` seeded (person, fact) questions of one family (0: every one, in seeded order),
+    with shuffled distractors."""
     pairs = [(p, f) for p in world.people for f in spec["facts"]]
-    pairs = rng.sample(pairs, min(count, len(pairs)))
+    pairs = rng.sample(pairs, min(count, len(pairs)) if count else len(pairs))
     docs = []
     for person, fact in pairs:
         if spec["template"] == "heldout":

@@ -75,7 +75,8 @@ def test_claims_dag_on_the_default_config_distills_exactly_the_claims_runs():
     assert counts["merge"] == len(runs) and counts["knockout_audit"] == 12 and counts["sft"] == 6
     # every run, its knockout (dense, core, coreortho, randcomp x 3 seeds), its SFT (slice, dense x 3) and the teacher
     assert counts["evaluate"] == len(runs) + 12 + 6 + 1
-    assert counts["warmstart"] == 2 and "warmstart_seeded" not in counts  # one per recipe
+    # per recipe: seed 0's common warm start and one per other seed
+    assert counts["warmstart"] == 2 and counts["warmstart_seeded"] == 2 * (len(c["seeds"]) - 1)
     assert outputs_of(out, "warmstart") == ["results/tiny/warmstart/kl", "results/tiny/warmstart/lrc"]
     for claim in claims.CLAIMS:
         assert counts[f"claim_{claim}"] == 1
@@ -105,27 +106,39 @@ def test_quick_default_table1_dag_is_unchanged_by_the_claims_section(tmp_path):
     (tmp_path / "a").mkdir()
     without = jobs_of(dry_run("results/table1.csv", config, tmp_path / "a"))
     assert with_claims == without
-    assert [o for r, o in with_claims if r == "distill"] == [f"results/tiny/distill/lrc-{a}-s0-t800000"
+    (tokens,) = config["experiments"]["tiny"]["distill"]["tokens"]
+    assert [o for r, o in with_claims if r == "distill"] == [f"results/tiny/distill/lrc-{a}-s0-t{tokens}"
                                                              for a in ("core", "dense", "slice")]
     assert [o for r, o in with_claims if r == "warmstart"] == ["results/tiny/warmstart/lrc"]
 
 
 @pytest.mark.slow
-def test_vary_warmstart_gives_each_seed_its_own_warm_start(tmp_path):
+def test_each_seed_continues_from_a_warm_start_of_its_own_seed(tmp_path):
     config = default_config()
-    config["experiments"]["tiny"]["claims"]["vary_warmstart"] = True
+    assert config["experiments"]["tiny"]["claims"]["vary_warmstart"]
     out = dry_run("results/claims/cross_recipe.csv", config, tmp_path)
     tokens = config["experiments"]["tiny"]["claims"]["tokens"]
+    assert outputs_of(out, "warmstart") == ["results/tiny/warmstart/kl", "results/tiny/warmstart/lrc"]
     assert outputs_of(out, "warmstart_seeded") == sorted(f"results/tiny/warmstart/{r}-s{s}" for r in ("lrc", "kl")
-                                                         for s in (0, 1, 2))
-    assert "warmstart" not in job_counts(out)
-    for seed in (0, 1, 2):
-        (cmd,) = [c for c in shell_commands(out) if " warmstart " in c
-                  and f"--out results/tiny/warmstart/kl-s{seed} " in c]
-        assert f"--seed {seed} " in cmd
+                                                         for s in (1, 2))
+    for seed, warmstart in ((0, "results/tiny/warmstart/kl"), (1, "results/tiny/warmstart/kl-s1"),
+                            (2, "results/tiny/warmstart/kl-s2")):
+        if seed:  # seed 0's is the common warm start, trained with the default seed 0
+            (cmd,) = [c for c in shell_commands(out) if " warmstart " in c and f"--out {warmstart} " in c]
+            assert f"--seed {seed} " in cmd
         (cmd,) = [c for c in shell_commands(out) if " distill " in c
                   and f"--out results/tiny/distill/kl-dense-s{seed}-t{tokens} " in c]
-        assert f"--warmstart results/tiny/warmstart/kl-s{seed} " in cmd and f"--seed {seed} " in cmd
+        assert f"--warmstart {warmstart} " in cmd and f"--seed {seed} " in cmd
+
+
+@pytest.mark.slow
+def test_without_vary_warmstart_every_seed_shares_the_common_warm_start(tmp_path):
+    config = default_config()
+    config["experiments"]["tiny"]["claims"]["vary_warmstart"] = False
+    out = dry_run("results/claims/cross_recipe.csv", config, tmp_path)
+    assert "warmstart_seeded" not in job_counts(out)
+    distills = [c for c in shell_commands(out) if " distill " in c and "--recipe kl " in c]
+    assert len(distills) == 6 and all("--warmstart results/tiny/warmstart/kl " in c for c in distills)
 
 
 # ---------------------------------------------------------------- the checks of the section

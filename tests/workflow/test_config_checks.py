@@ -34,7 +34,7 @@ BAD_VALUES = [
     ("negative grad clip", lambda x: x["distill"]["train"].update(grad_clip=-1),
      "experiments.tiny.distill.train.grad_clip: --grad-clip must be >= 0 (0: no clipping), got -1"),
     ("micro-batch not dividing", lambda x: x["warmstart"].update(micro_batch_size=3),
-     "experiments.tiny.warmstart.batch_size: --batch-size 8 must be a multiple of --micro-batch-size 3"),
+     "experiments.tiny.warmstart.batch_size: --batch-size 2 must be a multiple of --micro-batch-size 3"),
     ("negative eps", lambda x: x["sft"]["train"].update(eps=-1e-8),
      "experiments.tiny.sft.train.eps: --eps must be a positive number"),
     ("beta of 1", lambda x: x["teacher"]["pretrain"].update(betas=[0.9, 1.0]),
@@ -51,8 +51,8 @@ BAD_VALUES = [
      "experiments.tiny.data.sft.messages_field: the records of the world's sft records have no field 'message'"),
     ("separator typo", lambda x: x["data"]["corpus"].update(separator="eos_bos"),
      "experiments.tiny.data.corpus.separator: 'eos_bos' is not a separator rule: did you mean 'eos-bos'?"),
-    ("budget buying no step", lambda x: x["warmstart"].update(tokens=500),
-     "experiments.tiny.warmstart.tokens: 500 buys no optimiser step"),
+    ("budget buying no step", lambda x: x["warmstart"].update(tokens=200),
+     "experiments.tiny.warmstart.tokens: 200 buys no optimiser step"),
 ]
 
 

@@ -114,6 +114,19 @@ def test_tasks_are_well_formed_multiple_choice(world):
                 assert d["context"] == template.split(" {v}")[0].format(n=d["person"])
 
 
+def test_eval_docs_0_asks_every_question_of_the_world_once(tmp_path):
+    out = tmp_path / "world"
+    assert main(["--out", str(out), "--seed", "3", "--size", "test", "--eval-docs", "0"]) == 0
+    record = json.loads((out / "world.json").read_text())
+    people = [p["name"] for p in record["people"]]
+    suite = yaml.safe_load((Path(__file__).parents[2] / "lrc/io/suites/tiny.yaml").read_text())
+    for name, spec in suite["tasks"].items():
+        docs = [json.loads(line) for line in (out / "tasks" / f"{name}.jsonl").read_text().splitlines()]
+        asked = [(d["person"], d["fact"]) for d in docs]
+        assert sorted(asked) == sorted((p, f) for p in people for f in spec["facts"])
+        assert record["tasks"][name]["docs"] == len(docs)
+
+
 def test_tokenizer_and_teacher_config_agree(world):
     from transformers import AutoTokenizer, LlamaConfig
 
