@@ -67,6 +67,9 @@ EQUIVALENCE_MARGIN = 1.0
 
 
 NO_PAPER = Paper(None, "the paper has no number for this", "no-paper")
+# The ladder's plateau evidence: not a claim of the paper, a condition for reading the others.
+PLATEAU = Paper(None, "not a paper number: an arm has plateaued when its score moves by less than the margin "
+                      "between the ladder's last two budgets", "equivalence")
 LLAMA_1B5 = "Llama-3.2-3B → 1.5B, 10B tokens"
 # METHOD.md §4 (the same text as docs/method.md §4). Differences of two published scores are
 # marked "derived".
@@ -246,6 +249,9 @@ def direction_text(ref: Paper) -> str:
     if ref.kind == "sign":
         return (f"the paper's sign ({ref.value:+.2f}): holds if the 95 % interval lies on that side of 0, fails if "
                 "it lies on the other side, blank (inconclusive) if it holds 0")
+    if ref.kind == "equivalence" and ref.value is None:
+        return (f"no change (a plateau): holds if the 90 % interval lies within ±{EQUIVALENCE_MARGIN:g} points, "
+                "else fails if the 95 % interval excludes 0, blank (inconclusive) otherwise")
     if ref.kind == "equivalence":
         return (f"no effect, as in the paper ({ref.value:+.2f}): holds if the 90 % interval lies within "
                 f"±{EQUIVALENCE_MARGIN:g} points (equivalence), else fails if the 95 % interval excludes 0, "

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from lrc.analysis.claims_rows import (
+    PLATEAU,
     load_records,
     measure_row,
     paired_row,
@@ -158,8 +159,21 @@ def cross_recipe(paths: Sequence[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def area_under_curve(by_budget: dict[int, dict[int, float]]) -> dict[int, float]:
+    """seed -> the mean score over the ladder, trapezoids in log tokens (a learning-speed reading),
+    for the seeds scored at every budget."""
+    budgets = sorted(by_budget)
+    seeds = set.intersection(*(set(by_budget[t]) for t in budgets))
+    logs = [math.log(t) for t in budgets]
+    width = logs[-1] - logs[0]
+    return {s: sum((by_budget[a][s] + by_budget[b][s]) / 2 * (lb - la)
+                   for a, b, la, lb in zip(budgets, budgets[1:], logs, logs[1:])) / width for s in sorted(seeds)}
+
+
 def saturation(paths: Sequence[Path]) -> pd.DataFrame:
-    """Per budget: each arm's mean and interval and the paired gap; the gap at the largest budget."""
+    """Per budget: each arm's mean and interval and the paired gap; the gap at the largest budget; each
+    arm's plateau evidence (the last step of its ladder, an equivalence row); learning speed (the gap in
+    the area under the curves)."""
     records = load_records(paths)
     full, exp = full_arm(records), records[0]["experiment"]
     teacher = teacher_record(records)
@@ -172,10 +186,10 @@ def saturation(paths: Sequence[Path]) -> pd.DataFrame:
         raise LRCError(f"saturation: {len(budgets)} token budget(s) ({', '.join(map(str, budgets))}); the ladder needs "
                        f"at least {MIN_BUDGETS}")
     common = dict(experiment=exp, recipe=recipe, teacher=score(teacher))
-    rows = []
+    rows, curves = [], {"slice": {}, full: {}}
     for tokens in budgets:
-        base = _slice_scores(records, recipe, tokens, full)
-        mine = scores_by_seed(records, recipe=recipe, arm=full, tokens=tokens)
+        base = curves["slice"][tokens] = _slice_scores(records, recipe, tokens, full)
+        mine = curves[full][tokens] = scores_by_seed(records, recipe=recipe, arm=full, tokens=tokens)
         rows.append(measure_row("saturation", f"slice at {tokens} tokens", base, tokens=tokens, arm="slice",
                                 measure="score", **common))
         rows.append(measure_row("saturation", f"{full} at {tokens} tokens", mine, tokens=tokens, arm=full,
@@ -190,6 +204,16 @@ def saturation(paths: Sequence[Path]) -> pd.DataFrame:
                                a_name=f"{recipe}-{full}-t{budgets[-1]}", b_name=f"{recipe}-slice-t{budgets[-1]}",
                                ref=paper("saturation", "gap"), headline=True, tokens=budgets[-1], arm=f"{full} − slice",
                                measure="long-budget gap", **common))
+    last, before = budgets[-1], budgets[-2]
+    for arm, curve in curves.items():
+        rows.append(paired_row("saturation", f"plateau: {arm} at {last} − at {before} tokens", curve[last],
+                               curve[before], a_name=f"{recipe}-{arm}-t{last}", b_name=f"{recipe}-{arm}-t{before}",
+                               ref=PLATEAU, headline=True, tokens=last, arm=arm, measure="plateau", **common))
+    rows.append(paired_row("saturation", f"learning speed (not reach): area under the curve, {full} − slice, "
+                           f"mean score over log tokens {budgets[0]}–{last}", area_under_curve(curves[full]),
+                           area_under_curve(curves["slice"]), a_name=f"{recipe}-{full} area",
+                           b_name=f"{recipe}-slice area", headline=True, arm=f"{full} − slice", measure="speed",
+                           **common))
     return pd.DataFrame(rows)
 
 

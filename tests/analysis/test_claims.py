@@ -155,7 +155,7 @@ def test_saturation_ladder_long_budget_gap_and_figure(evals, tmp_path):
     png, pdf = tmp_path / "sat.png", tmp_path / "sat.pdf"
     assert claims("saturation", "--inputs", *files, "--out", tmp_path / "s.csv", "--figure", png, pdf) == 0
     t = read(tmp_path / "s.csv")
-    assert len(t) == 3 * 4 + 1
+    assert len(t) == 3 * 4 + 1 + 3
     assert t.loc["slice at 800 tokens", "miniature"] == pytest.approx(46.0)
     assert t.loc["dense at 800 tokens", "per_seed"] == "53.0000 57.0000"
     long_gap = t.loc["long-budget gap: dense − slice at the largest budget (800 tokens)"]  # 53-45, 57-47: 8, 10
@@ -164,10 +164,32 @@ def test_saturation_ladder_long_budget_gap_and_figure(evals, tmp_path):
     assert long_gap["ci_high"] == pytest.approx(9 + 12.7062 * math.sqrt(2) / math.sqrt(2), abs=1e-3)
     assert t.loc["dense − slice at 100 tokens", "miniature"] == pytest.approx(3.0)
     assert (t["teacher"] == 80).all()
+    # Still climbing: 45 − 40 and 47 − 42 (slice), 53 − 46 and 57 − 50 (dense), outside ±1 point: no plateau.
+    for arm, step in (("slice", 5.0), ("dense", 7.0)):
+        plateau = t.loc[f"plateau: {arm} at 800 − at 400 tokens"]
+        assert plateau["miniature"] == pytest.approx(step) and plateau["verdict_rule"] == "equivalence"
+        assert not bool(plateau["direction_holds"]) and bool(plateau["headline"]) and pd.isna(plateau["paper"])
+    # Equal steps in log tokens: the area is the mean of the three trapezoids. Seed 0: slice (25 + 35 + 42.5) / 3,
+    # dense (28 + 40 + 49.5) / 3, a gap of 5; seed 1: 7.
+    speed = t.loc["learning speed (not reach): area under the curve, dense − slice, mean score over log tokens 100–800"]
+    assert speed["per_seed"] == "5.0000 7.0000" and speed["verdict_rule"] == "no-paper"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pdf.read_bytes()[:5] == b"%PDF-"
     # Three budgets are no ladder.
     short = [f for f in files if "-t800" not in f]
     assert claims("saturation", "--inputs", *short, "--out", tmp_path / "s3.csv") == 2
+
+
+def test_a_ladder_whose_last_step_is_within_the_margin_has_plateaued(evals, tmp_path):
+    files = [write_eval(evals, "teacher", 80)]
+    ladder = {100: (20, 22), 200: (30, 34), 400: (40, 46), 800: (40.25, 46.5)}
+    for tokens, (s, d) in ladder.items():
+        files += runs(evals, "slice", (s, s + 1, s + 0.5), tokens=tokens)
+        files += runs(evals, "dense", (d, d + 1, d - 0.25), tokens=tokens)
+    assert claims("saturation", "--inputs", *files, "--out", tmp_path / "s.csv") == 0
+    t = read(tmp_path / "s.csv")
+    for arm, step in (("slice", 0.25), ("dense", 0.5)):  # the same step on every seed: its interval is that point
+        plateau = t.loc[f"plateau: {arm} at 800 − at 400 tokens"]
+        assert plateau["miniature"] == pytest.approx(step) and bool(plateau["direction_holds"])
 
 
 def write_occupancy(tmp_path, run, rows):
