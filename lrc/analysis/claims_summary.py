@@ -96,8 +96,9 @@ def markdown(rows: pd.DataFrame, *, seconds: float | None = None) -> str:
         )
     lines += ["", "## How to read it", "",
               f"- Interval: {CI_METHOD} (blank for one seed). Scores are the suite's aggregate in percent; gains are "
-              "paired by seed (same seed = same data order); p is the two-sided t-test of the per-seed differences "
-              "(paired by seed; against the teacher's or chance's fixed score where a row compares with one).",
+              "paired by seed (same seed = same data order and warm start); p is the two-sided t-test of the "
+              "per-seed differences (paired by seed; against the teacher's or chance's fixed score where a row "
+              "compares with one).",
               "- Holds: yes only where the interval lies on the paper's side of 0 (a sign) or within the "
               "equivalence margin (a null), no where it lies on the other side (or, for a null, excludes 0), "
               f"— (inconclusive) otherwise; the sign rows' verdicts stand only where Holm's adjusted p over the "
