@@ -60,6 +60,7 @@ localrules:
     token_efficiency,
     curves,
     claims,
+    claim_capacity,
     claim_table1,
     claim_controls,
     claim_cross_recipe,

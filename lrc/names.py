@@ -18,7 +18,7 @@ CONTROL_ARMS = ("coreortho", "confined", "randcomp")
 # The arms whose deployed MLP matrices train everywhere (the others stay in the teacher's slice).
 FULL_REACH_ARMS = ("dense", "core", "coreortho", "randcomp")
 # The claims of METHOD.md §4, in its order (`lrc claims`; the workflow's rules claim_<claim>).
-CLAIMS = ("table1", "controls", "cross_recipe", "saturation", "knockout", "sft", "coordinates")
+CLAIMS = ("capacity", "table1", "controls", "cross_recipe", "saturation", "knockout", "sft", "coordinates")
 RECIPES = ("lrc", "kl")
 KL_REDUCTIONS = ("batchmean", "token")
 MLP_KINDS = ("gate", "up", "down")

@@ -1,4 +1,10 @@
-"""The claim tables built from the audit's and the training's measurements: knockout, coordinates.
+"""The claim tables built from the audit's, the probe's and the training's measurements: capacity,
+knockout, coordinates.
+
+capacity: the teacher's MLP capacity that a width-r slice leaves stranded (``results/{exp}/probe.csv``,
+`lrc probe`): the top-r energy of the MLP inputs, the slice's held-out error on the teacher's own MLP
+map, and the share of it a free MLP removes, over layers. One teacher: a size with no interval, the
+context the other claims are read in (docs/method.md §10).
 
 knockout: per full-reach arm, the MLP energy outside the teacher's column/row spaces
 (``results/{exp}/occupancy/{run}.csv``, energy-weighted over layers and weights), the score
@@ -39,6 +45,7 @@ from lrc.names import ARMS, parse_run_name
 # its margin above chance (means over seeds).
 CHANCE_MARGIN = 0.25
 OCCUPANCY_COLUMNS = {"layer", "weight", "energy", "outside"}
+PROBE_COLUMNS = {"layer", "energy", "slice_error", "free_error", "stranded"}  # of `lrc probe`'s CSV
 UPDATE_COLUMNS = {"step", "tokens", "layer", "weight", "energy", "inside"}
 
 
@@ -53,6 +60,38 @@ def _share(frame: pd.DataFrame, part: str) -> float:
     """100 × Σ part / Σ energy: the energy-weighted share over layers and weights."""
     total = float(frame["energy"].sum())
     return 100.0 * float(frame[part].sum()) / total if total > 0 else float("nan")
+
+
+CAPACITY = Paper(None, "the paper reports no probe; an outside audit of SmolLM2-135M at r = H/2 (docs/method.md "
+                        "§10): top-r energy 89.8–95.3 %, slice error 5–15 %, 6–10 % of it stranded", "no-paper")
+
+
+def capacity(paths: Sequence[Path]) -> pd.DataFrame:
+    """One probe CSV: its layers' mean top-r energy and slice error (percent of the MLP output's
+    energy), and the share of the mean slice error that the free MLP removes (stranded)."""
+    if len(paths) != 1:
+        raise LRCError(f"capacity: one probe.csv per experiment, got {len(paths)}: {', '.join(map(str, paths))}")
+    frame = read_csv_table(paths[0], "probe table", PROBE_COLUMNS)
+    if frame.empty:
+        raise LRCError(f"probe table {paths[0]}: no layer rows")
+    layers = " ".join(str(int(v)) for v in frame["layer"])
+    mean_of = {c: 100.0 * float(frame[c].mean()) for c in ("energy", "slice_error", "free_error")}
+    removed = mean_of["slice_error"] - mean_of["free_error"]
+    measures = [
+        ("energy", "top-r energy of the teacher's MLP inputs (%)", mean_of["energy"]),
+        ("slice_error", "the slice's held-out error on the teacher's MLP map (%)", mean_of["slice_error"]),
+        ("stranded", "stranded: the share of that error a free MLP removes (%)",
+         100.0 * removed / mean_of["slice_error"] if mean_of["slice_error"] > 0 else math.nan),
+    ]
+    return pd.DataFrame([
+        measure_row("capacity", f"{text}, over layers {layers} (per layer: {_percents(frame[column])})",
+                    {0: value}, ref=CAPACITY, headline=True, experiment=experiment_of_input(paths[0]),
+                    measure=column, layers=layers)
+        for column, text, value in measures])
+
+
+def _percents(values: pd.Series) -> str:
+    return " / ".join(f"{100.0 * float(v):.3g}" for v in values)
 
 
 def knockout(paths: Sequence[Path]) -> pd.DataFrame:

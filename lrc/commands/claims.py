@@ -4,7 +4,7 @@ Each claim is a CSV with one row per comparison (lrc.analysis.claims_rows.ROW_CO
 paper's number and setting, the miniature's mean over seeds, its 95 % Student's t interval,
 the per-seed values and the paired p-value. ``summary`` gathers the claim CSVs into
 ``results/claims.csv`` and (``--markdown``) ``results/claims.md``. The tables live in
-lrc.analysis.claims_tables (scores) and lrc.analysis.claims_measures (knockout, coordinates).
+lrc.analysis.claims_tables (scores) and lrc.analysis.claims_measures (capacity, knockout, coordinates).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class ClaimsArgs:
     claim: str = field(metadata={"help": f"one of {', '.join(CLAIMS)}", "positional": True})
     inputs: list[Path] = field(metadata={
         "help": "evaluation JSONs (knockout: + occupancy CSVs; coordinates: update_energy.csv files; "
-                "summary: claim CSVs)"})
+                "capacity: probe.csv, one per experiment; summary: claim CSVs)"})
     out: Path = field(metadata={"help": "CSV to write (summary: results/claims.csv)", "output": "file"})
     figure: list[Path] = field(default_factory=list, metadata={
         "help": "saturation only: figure files (.png, .pdf)", "output": "file"})
@@ -80,6 +80,7 @@ def build(claim: str, inputs: Sequence[Path]) -> pd.DataFrame:
         "table1": claims_tables.table1, "controls": claims_tables.controls, "cross_recipe": claims_tables.cross_recipe,
         "saturation": claims_tables.saturation, "sft": claims_tables.sft,
         "knockout": claims_measures.knockout, "coordinates": claims_measures.coordinates,
+        "capacity": claims_measures.capacity,
     }
     # One table per experiment (each claims section of the config), stacked.
     return pd.concat([builders[claim](paths) for paths in by_experiment(inputs).values()], ignore_index=True)

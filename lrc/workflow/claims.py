@@ -53,6 +53,8 @@ def claim_runs(settings: dict, claim: str) -> list[str]:
         return _product(["lrc"], FULL_REACH_ARMS, seeds, tokens)
     if claim == "sft":
         return _product(["lrc"], ["slice", full], seeds, tokens)
+    if claim == "capacity":
+        return []  # the teacher's probe, no distillation
     raise KeyError(f"unknown claim {claim!r}; one of {', '.join(CLAIMS)}")
 
 
@@ -68,6 +70,8 @@ def claim_inputs(exp: str, settings: dict, claim: str) -> list[str]:
     for one experiment; [] for an experiment without a claims section."""
     if not has_claims(settings):
         return []
+    if claim == "capacity":
+        return [f"results/{exp}/probe.csv"]
     runs = claim_runs(settings, claim)
     eval_dir, teacher = f"results/{exp}/eval", f"results/{exp}/eval/teacher.json"
     if claim == "coordinates":

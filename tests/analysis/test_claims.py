@@ -192,6 +192,25 @@ def test_a_ladder_whose_last_step_is_within_the_margin_has_plateaued(evals, tmp_
         assert plateau["miniature"] == pytest.approx(step) and bool(plateau["direction_holds"])
 
 
+def test_capacity_reads_the_probe_as_one_teachers_sizes(tmp_path, capsys):
+    probe = tmp_path / "results" / "tiny" / "probe.csv"
+    probe.parent.mkdir(parents=True)
+    probe.write_text("layer,energy,slice_error,free_error,stranded,slice_plateau,free_plateau,train_rows,heldout_rows\n"
+                     "0,0.99,0.10,0.09,0.1,0,0,96,32\n1,0.95,0.30,0.15,0.5,0,0,96,32\n")
+    assert claims("capacity", "--inputs", probe, "--out", tmp_path / "c.csv") == 0
+    t = pd.read_csv(tmp_path / "c.csv")
+    assert list(t["measure"]) == ["energy", "slice_error", "stranded"] and (t["experiment"] == "tiny").all()
+    # means over the two layers: 97 % energy, slice error 20 %, free 12 %: the free MLP removes 8 of 20 points
+    assert t["miniature"].tolist() == pytest.approx([97.0, 20.0, 40.0])
+    assert t["headline"].all() and (t["n_seeds"] == 1).all() and t["ci_low"].isna().all()
+    assert "per layer: 10 / 50" in t.loc[2, "comparison"] and t.loc[2, "verdict_rule"] == "no-paper"
+    assert claims("capacity", "--inputs", probe, probe, "--out", tmp_path / "d.csv") == 2
+    assert "one probe.csv per experiment, got 2" in capsys.readouterr().err
+    (tmp_path / "bad.csv").write_text("layer,energy\n0,0.9\n")
+    assert claims("capacity", "--inputs", tmp_path / "bad.csv", "--out", tmp_path / "d.csv") == 2
+    assert "missing column(s) free_error, slice_error, stranded" in capsys.readouterr().err
+
+
 def write_occupancy(tmp_path, run, rows):
     path = tmp_path / "results" / "tiny" / "occupancy" / f"{run}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)

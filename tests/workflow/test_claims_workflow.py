@@ -81,6 +81,7 @@ def test_claims_dag_on_the_default_config_distills_exactly_the_claims_runs():
     for claim in claims.CLAIMS:
         assert counts[f"claim_{claim}"] == 1
     assert counts["claims"] == 1 and "table1" not in counts and "pretrain" in counts
+    assert outputs_of(out, "probe") == ["results/tiny/probe.csv"]  # the capacity claim's
     assert set(outputs_of(out, "knockout_audit")) == {
         f"results/tiny/occupancy/lrc-{a}-s{s}-t{c['tokens']}.csv" for a in ("dense", "core", "coreortho", "randcomp")
         for s in c["seeds"]}
@@ -227,7 +228,7 @@ CLAIM_COLUMNS = ["claim", "comparison", "paper", "miniature", "ci_low", "ci_high
 def test_claims_end_to_end_on_a_tiny_world(tmp_path):
     """`snakemake results/claims.md` for real on config/test.yaml's world with two seeds and a
     ladder of four tiny budgets: every claim table, the figure and the summary. About 110 jobs
-    (26 distillations, the fewest the seven claims allow at two seeds) of 4-5 s CPU each, nearly
+    (26 distillations, the fewest the claims allow at two seeds) of 4-5 s CPU each, nearly
     all process start-up: 5 min on two idle cores, 15 on a shared machine."""
     repo = tmp_path / "repo"
     shutil.copytree(ROOT, repo, ignore=COPY_IGNORE)

@@ -4,6 +4,19 @@
 # results/claims.md`). Which runs each claim reads: lrc.workflow.claims (config: `claims`).
 
 
+rule claim_capacity:
+    input:
+        claim_inputs("capacity"),
+    output:
+        report("results/claims/capacity.csv", caption="../report/claim_capacity.rst", category="Claims"),
+    log:
+        "logs/claims/capacity.log",
+    conda:
+        "../envs/lrc.yaml"
+    shell:
+        "lrc claims capacity --inputs {input} --out {output} > {log} 2>&1"
+
+
 rule claim_table1:
     input:
         claim_inputs("table1"),
