@@ -249,7 +249,9 @@ def test_claims_end_to_end_on_a_tiny_world(tmp_path):
     assert set(table["rule"]) == {f"claim_{c}" for c in claims.CLAIMS}
     for rule, path in zip(table["rule"], table["table"]):
         assert path == f"results/claims/{rule.removeprefix('claim_')}.csv" and (repo / path).is_file(), (rule, path)
-    seeded = table[table["n_seeds"].notna()]
+    capacity = table["rule"] == "claim_capacity"  # the teacher's probe: one teacher, no seeds
+    assert capacity.sum() == 3 and (table.loc[capacity, "n_seeds"] == 1).all()
+    seeded = table[table["n_seeds"].notna() & ~capacity]
     assert set(seeded["n_seeds"]) <= {2} and len(seeded) > 0
     assert table["miniature"].notna().all(), table
     kl_rows = table[table["comparison"].str.contains("KL to the teacher", regex=False)]
