@@ -1,7 +1,7 @@
 """The claim tables built from evaluation scores: table1, controls, cross_recipe, saturation, sft.
 
-Every gain is paired by seed (same seed = same data order and warm start): the row's per-seed values are the
-seed's differences and its interval is that of their mean. Scores are the suite's aggregate in
+Every gain is paired by seed (same seed = same data order and warm start): the row's per-seed
+values are the seed's differences and its interval is that of their mean. Scores are the suite's aggregate in
 percent (points).
 """
 

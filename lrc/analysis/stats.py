@@ -4,8 +4,8 @@ and Holm's correction over a family of tests.
 Every claim and results table is a handful of seeds (3 in the claims run), so the intervals are
 Student's t with n - 1 degrees of freedom, not a normal or a bootstrap approximation. A
 comparison of two arms pairs them by seed (same seed = same data order and, in the workflow, warm
-start), which removes their share of the variance from the difference. NaN values (a measure an evaluation
-did not produce) are left out and the count says how many remain; one value gives a mean and
+start), which removes their share of the variance from the difference. NaN values (a measure an
+evaluation did not produce) are left out and the count says how many remain; one value gives a mean and
 a blank (NaN) interval.
 """
 

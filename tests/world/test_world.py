@@ -11,6 +11,7 @@ import yaml
 
 from lrc.commands.world import main
 from lrc.errors import LRCError
+from lrc.io.suites import load_suite
 from lrc.world.generator import FACTS, TEMPLATES
 
 
@@ -119,8 +120,7 @@ def test_eval_docs_0_asks_every_question_of_the_world_once(tmp_path):
     assert main(["--out", str(out), "--seed", "3", "--size", "test", "--eval-docs", "0"]) == 0
     record = json.loads((out / "world.json").read_text())
     people = [p["name"] for p in record["people"]]
-    suite = yaml.safe_load((Path(__file__).parents[2] / "lrc/io/suites/tiny.yaml").read_text())
-    for name, spec in suite["tasks"].items():
+    for name, spec in load_suite("tiny")["tasks"].items():
         docs = [json.loads(line) for line in (out / "tasks" / f"{name}.jsonl").read_text().splitlines()]
         asked = [(d["person"], d["fact"]) for d in docs]
         assert sorted(asked) == sorted((p, f) for p in people for f in spec["facts"])
