@@ -48,7 +48,9 @@ def distill_flags(root: Path, out: Path, arm: str, steps: int = STEPS, *extra: s
     # FSDP2 shards the MLP matrices, and the optimizer-step basis change needs them whole: core
     # and randcomp run with their parametrised implementation under FSDP (both processes counts
     # alike, so the comparison is like for like); fsdp=False keeps the default, in the optimiser step.
+    # Likewise the weights are built per micro-batch, as FSDP2 builds them (lrc.training.weight_build).
     impl = ["--core-impl", "parametrized"] if fsdp and arm in COORDINATE_ARMS else []
+    impl += ["--weight-build", "micro_batch"] if fsdp else []
     return flags(root, out, "--warmstart", str(root / "ws"), "--arm", arm, "--tokens", str(steps * BATCH * SEQ),
                  "--seed", "1", *impl, *extra)
 

@@ -86,6 +86,8 @@ class BenchArgs:
     recipe: Literal["lrc", "kl"] = field(default="lrc", metadata={"help": "loss recipe of the arms"})
     batch_size: int = field(default=8, metadata={"help": "sequences per micro-batch (one forward)"})
     micro_batches: int = field(default=1, metadata={"help": "micro-batches per optimiser step (gradient accumulation)"})
+    weight_build: Literal["auto", "step", "micro_batch"] = field(default="auto", metadata={
+        "help": "the parametrised weights built once per step or per micro-batch (lrc distill --weight-build)"})
     core_impl: Literal["optimizer", "parametrized"] = field(default="optimizer", metadata={
         "help": "core/randcomp: basis change in the optimiser step or a parametrisation (lrc.method.reach.apply_arm)"})
     activation_checkpointing: bool = field(default=False, metadata={
@@ -169,7 +171,8 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
     targs = TrainArgs(tokens=total_steps * per_step * args.seq_len, batch_size=per_step,
                       micro_batch_size=args.batch_size, lr=1e-4, warmup=0.0, log_every=1, threads=args.threads,
                       precision=args.precision, seed=args.seed, progress=False, ckpt_dir=work / "ckpt",
-                      activation_checkpointing=args.activation_checkpointing, recompute_teacher=args.recompute_teacher)
+                      activation_checkpointing=args.activation_checkpointing, recompute_teacher=args.recompute_teacher,
+                      weight_build=args.weight_build)
     summary = train(objective, student, data, targs, work / "out")
     on_gpu = torch.device(summary["device"]).type == "cuda"
     records = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
@@ -302,7 +305,7 @@ def describe(args: BenchArgs, device: str) -> dict:
     return {"teacher_hidden": c.hidden_size, "d_ff": c.intermediate_size, "layers": c.num_hidden_layers,
             "vocab": c.vocab_size, "student_hidden": args.student_hidden, "batch_size": args.batch_size,
             "micro_batches": args.micro_batches, "seq_len": args.seq_len, "processes": args.processes,
-            "core_impl": args.core_impl,
+            "core_impl": args.core_impl, "weight_build": args.weight_build,
             "activation_checkpointing": args.activation_checkpointing, "recompute_teacher": args.recompute_teacher,
             "threads": args.threads, "device": device, "recipe": args.recipe}
 

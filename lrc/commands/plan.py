@@ -38,6 +38,7 @@ from lrc.names import ARMS, MAIN_ARMS, teacher_config_places
 from lrc.options import check_choice, parse_args
 from lrc.training.cost import GPU_PEAK_TFLOPS, gpu_cost, step_flops
 from lrc.training.memory import CATEGORIES, StepSpec, trace_step
+from lrc.training.weight_build import builds_once
 
 GIB = 2**30
 
@@ -275,7 +276,8 @@ class Planner:
                         recipe=self.args.recipe, core_impl=self.args.core_impl,
                         activation_checkpointing=self.setting.activation_checkpointing,
                         recompute_teacher=self.setting.recompute_teacher, shard_optimizer=self.setting.shard_optimizer,
-                        processes=self.setting.gpus if self.setting.sharding == "ddp" else 1)
+                        processes=self.setting.gpus if self.setting.sharding == "ddp" else 1,
+                        build_once=builds_once("auto", self.setting.micro_batches, self.setting.sharding == "fsdp"))
 
     def at(self, micro_batch: int) -> dict:
         if micro_batch not in self._memo:

@@ -81,6 +81,10 @@ class TrainArgs:
     shard_optimizer: bool = field(default=False, metadata={
         "help": "DDP: each process keeps AdamW's states for its share of the parameters only, and broadcasts their new "
                 "values (ZeRO stage 1; the same trajectory and checkpoints; lrc.training.optim)"})
+    weight_build: Literal["auto", "step", "micro_batch"] = field(default="auto", metadata={
+        "help": "build the student's parametrised weights once per optimiser step (step) or in every micro-batch's "
+                "forward (micro_batch); auto: step with gradient accumulation, except under FSDP2 "
+                "(lrc.training.weight_build)"})
 
     def __post_init__(self) -> None:
         resolve_trackers(self.trackers)  # an explicitly named tracker must be installed: refused before any work

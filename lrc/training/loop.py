@@ -29,6 +29,9 @@ Decisions, and why:
 - **The loss of a step** is the mean over its micro-batches of the objective's loss (each
   micro-batch loss is the objective's own normalisation, e.g. a mean over counted tokens).
   It does not depend on the number of processes, since the micro-batches do not.
+- **An LRC student's weights are built once per step** when it accumulates gradients (``--weight-build``,
+  :mod:`lrc.training.weight_build`): the micro-batches share them and their gradients go through the
+  factor products once, after the last one (under DDP the gradients are then averaged by hand).
 - **Checkpoints** (see :mod:`lrc.training.checkpoint`) hold accelerate's state (optimiser,
   scheduler, RNG of every process) plus the trainable parameters only; the frozen parts
   are rebuilt by the command that restarts. They live in ``ckpt_dir`` (default
@@ -79,7 +82,7 @@ from torch.utils.data import DataLoader, Dataset
 from lrc.errors import LRCError
 from lrc.io.hf import cast_weights, trainable_parameters
 from lrc.training import checkpoint as ckpt
-from lrc.training import recompute, sharding, trackers
+from lrc.training import recompute, sharding, trackers, weight_build
 from lrc.training.args import TrainArgs  # also the name's old import path (tests, scripts)
 from lrc.training.guards import DivergenceGuard, steps_of_budget
 from lrc.training.optim import CoordinateAdamW, coordinate_maps
@@ -175,6 +178,7 @@ class Run:
     n_rows: int
     ckpt_dir: Path
     fingerprint: dict[str, Any]
+    build_once: bool = False  # the parametrised weights built once per step (lrc.training.weight_build)
 
     @property
     def device(self) -> torch.device:
@@ -246,6 +250,9 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
         torch.cuda.reset_peak_memory_stats(accelerator.device)
     set_seed(args.seed)
     fsdp = accelerator.distributed_type.name == "FSDP"
+    accum = args.batch_size // (args.micro_batch_size * P)
+    # A refused choice is named before any work; a plain model has nothing to build.
+    build_once = weight_build.builds_once(args.weight_build, accum, fsdp) and weight_build.parametrised(model)
     if fsdp and args.shard_optimizer:
         raise LRCError("--shard-optimizer (train.shard_optimizer) is for DDP; FSDP2 shards the optimiser states itself")
     # FSDP2 and a tied student: one group for the shared factor, before the optimiser holds it.
@@ -264,8 +271,8 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
         accelerator.register_load_state_pre_hook(lambda models, input_dir: models.clear())
     return Run(args=args, accelerator=accelerator, wrapped=wrapped, bare=accelerator.unwrap_model(wrapped),
                optimizer=optimizer, scheduler=scheduler, fsdp=fsdp, mixed=mixed, steps=steps,
-               accum=args.batch_size // (args.micro_batch_size * P), seq_len=seq_len, n_rows=n_rows, ckpt_dir=ckpt_dir,
-               fingerprint=_fingerprint(args, seq_len, n_rows))
+               accum=accum, seq_len=seq_len, n_rows=n_rows, ckpt_dir=ckpt_dir,
+               fingerprint=_fingerprint(args, seq_len, n_rows), build_once=build_once)
 
 
 # ---- resume ----------------------------------------------------------------------
@@ -296,16 +303,22 @@ def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn
     """
     acc, accum = run.accelerator, run.accum
     step_sum, names = None, None
-    for k in range(accum):
-        batch = {key: v.to(run.device, non_blocking=True) for key, v in next(batches).items()}
-        # DDP: only the last micro-batch of a step all-reduces the gradients.
-        with (acc.no_sync(run.wrapped) if k < accum - 1 else contextlib.nullcontext()), recompute.micro_batch(run.bare):
-            with acc.autocast():
-                total, terms = objective.loss(batch, model=run.wrapped)
-            acc.backward(total / accum)
-        names = names or list(terms)
-        vec = torch.stack([total.detach().float()] + [terms[n].detach().float().reshape(()) for n in names])
-        step_sum = vec if step_sum is None else step_sum + vec
+    with weight_build.built_once(run.bare, acc.autocast) if run.build_once else contextlib.nullcontext() as weights:
+        for k in range(accum):
+            batch = {key: v.to(run.device, non_blocking=True) for key, v in next(batches).items()}
+            # DDP: only the last micro-batch of a step all-reduces the gradients (none does when the weights
+            # are built once: their factors have gradients only after the loop).
+            sync = k == accum - 1 and not run.build_once
+            with (contextlib.nullcontext() if sync else acc.no_sync(run.wrapped)), recompute.micro_batch(run.bare):
+                with acc.autocast():
+                    total, terms = objective.loss(batch, model=run.wrapped)
+                acc.backward(total / accum)
+            names = names or list(terms)
+            vec = torch.stack([total.detach().float()] + [terms[n].detach().float().reshape(()) for n in names])
+            step_sum = vec if step_sum is None else step_sum + vec
+        if weights is not None:
+            weights.backward()
+            weight_build.average_gradients(trainable, acc.num_processes)
     clip = run.args.grad_clip if run.args.grad_clip > 0 else float("inf")
     inner = getattr(run.optimizer, "optimizer", run.optimizer)  # (accelerate wraps it)
     if getattr(inner, "clips_in_coordinates", False):  # a map that is not orthogonal (core)
@@ -361,6 +374,7 @@ def finish(run: Run, log: StepLog, start_step: int, resumed_from: str | None) ->
         "batch_size": run.args.batch_size, "num_processes": acc.num_processes, "grad_accumulation": run.accum,
         "final": log.last, "tokens_per_s": trained * run.tokens_per_step / wall if trained > 0 else None,
         "peak_memory_mib": peak_memory_mib(run.device), "mixed_precision": run.mixed, "device": str(run.device),
+        "weight_build": "step" if run.build_once else "micro_batch",
     }
     if (share := getattr(getattr(run.optimizer, "optimizer", run.optimizer), "coordinate_share", None)) is not None:
         summary["optimizer_coordinates"] = share  # basis changes in the optimiser step, per process

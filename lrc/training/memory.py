@@ -83,6 +83,7 @@ class StepSpec:
     steps: int = 2
     processes: int = 1  # DDP processes: core's basis changes (and bases) are divided between them
     shard_optimizer: bool = False  # ... and, with it, AdamW's states (ZeRO stage 1, lrc.training.optim)
+    build_once: bool = False  # the parametrised weights built once per step (lrc.training.weight_build)
 
 
 def _module_to(self, *args, **kwargs):
@@ -128,6 +129,7 @@ class _TraceAccelerator:
     """What :func:`lrc.training.loop.train_step` asks of accelerate, for one process."""
 
     device = torch.device("cpu")
+    num_processes = 1
 
     def __init__(self, precision: str):
         self.precision = precision
@@ -254,7 +256,7 @@ def _prepared(spec: StepSpec):
     run = Run(args=targs, accelerator=_TraceAccelerator(spec.precision), wrapped=student, bare=student,
               optimizer=optimizer, scheduler=scheduler, fsdp=False, mixed="bf16" if spec.precision == "bf16" else "no",
               steps=spec.steps, accum=spec.micro_batches, seq_len=spec.seq_len, n_rows=1, ckpt_dir=Path("."),
-              fingerprint={})
+              fingerprint={}, build_once=spec.build_once)
     return teacher, student, objective, run
 
 

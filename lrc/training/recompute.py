@@ -67,8 +67,9 @@ class _WeightKeeper:
             return
         # Only the layers' weights outlive their use: the embedding's (built before the first
         # layer, not needed by its backward) is dropped, as it is without checkpointing.
-        # parametrize offers no public eviction; its cache is a dict keyed (id(module), name).
-        for key in [k for k in parametrize._cache if k not in self.keys]:
+        # parametrize offers no public eviction; its cache is a dict keyed (id(module), name). A leaf is
+        # a weight built for the whole step (lrc.training.weight_build): kept.
+        for key in [k for k, w in parametrize._cache.items() if k not in self.keys and not w.is_leaf]:
             del parametrize._cache[key]
         for module, name in self.weights[layer]:
             getattr(module, name)  # built now (cached), outside the checkpoint

@@ -28,6 +28,8 @@ def test_the_split_is_token_work_that_scales_with_the_batch_and_weight_work_that
     assert one["total"] == one["token_work"] + one["weight_side"] + one["optimizer"]
     again = _flops(arm, micro_batch_size=1, micro_batches=2)  # built in every forward: twice per step
     assert again["weight_side"] == 2 * one["weight_side"] and again["token_work"] == 2 * one["token_work"]
+    once = _flops(arm, micro_batch_size=1, micro_batches=2, build_once=True)  # the traced step builds them once
+    assert once["weight_side"] == one["weight_side"] and once["token_work"] == 2 * one["token_work"]
 
 
 def test_the_arms_differ_where_the_method_says():

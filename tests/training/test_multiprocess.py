@@ -51,6 +51,9 @@ def test_two_processes_follow_one_process(tmp_path, kind):
     s2 = json.loads((tmp_path / "p2" / "summary.json").read_text())
     assert (s1["num_processes"], s1["grad_accumulation"]) == (1, 4)
     assert (s2["num_processes"], s2["grad_accumulation"]) == (2, 2)
+    # The LRC student's weights are built once per step, its gradients averaged after the step's backward
+    # (lrc.training.weight_build); the plain model's by DDP's own hooks in its last micro-batch.
+    assert s1["weight_build"] == s2["weight_build"] == ("step" if kind == "clone" else "micro_batch")
     if kind == "clone":  # core's basis changes, in the optimiser step, divided between the processes
         assert s1["optimizer_coordinates"] == {"maps": 6, "this_process": 6, "processes": 1}
         assert s2["optimizer_coordinates"] == {"maps": 6, "this_process": 3, "processes": 2}

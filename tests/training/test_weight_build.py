@@ -1,0 +1,102 @@
+"""The student's weights built once per optimiser step (`lrc.training.weight_build`, ``--weight-build``):
+the same trajectory as building them in every micro-batch, built once, refused where it cannot run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from torch.nn.utils import parametrize
+
+from lrc.errors import LRCError
+from lrc.method.clone import CloneObjective, RecipeArgs
+from lrc.training.loop import TrainArgs, train
+from lrc.training.weight_build import builds_once
+from tests.helpers import SEQ, RandomTokens
+from tests.recompute_helpers import perturbed_student
+
+STEPS = 20
+
+
+def _run(tmp_path: Path, name: str, *, kind: str, arm: str, recipe: str, weight_build: str, **extra):
+    teacher, student = perturbed_student(kind, arm)
+    objective = CloneObjective(teacher, student, RecipeArgs(recipe=recipe, temperature=2.0))
+    args = TrainArgs(tokens=STEPS * 4 * SEQ, batch_size=4, micro_batch_size=1, lr=3e-3, warmup=0.1, log_every=1,
+                     threads=1, progress=False, weight_build=weight_build, **extra)
+    summary = train(objective, student, RandomTokens(rows=40), args, tmp_path / name)
+    losses = [json.loads(line)["loss"] for line in Path(summary["metrics"]).read_text().splitlines()]
+    return summary, losses, {n: p.detach().clone() for n, p in student.named_parameters() if p.requires_grad}
+
+
+def _agree(losses, expected_losses, weights, expected_weights):
+    """Every logged loss within 1e-5 relative (1e-6 absolute: the `kl` recipe's loss of about 0.02 carries
+    float32 noise of 1e-7), every trained weight within 1e-5 (measured: about 2e-7)."""
+    assert all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6) for a, b in zip(losses, expected_losses))
+    assert max(float((weights[n] - expected_weights[n]).abs().max()) for n in expected_weights) < 1e-5
+
+
+# Every arm and both recipes, on a tied and an untied teacher of both architectures.
+CASES = [("llama-tied", "slice", "lrc"), ("qwen2-untied", "slice", "kl"), ("llama-untied", "dense", "lrc"),
+         ("qwen2-tied", "core", "lrc"), ("llama-tied", "coreortho", "kl"), ("llama-untied", "confined", "lrc"),
+         ("qwen2-untied", "randcomp", "kl")]
+
+
+@pytest.mark.parametrize(("kind", "arm", "recipe"), CASES)
+def test_built_once_per_step_follows_the_per_micro_batch_build(tmp_path, kind, arm, recipe):
+    """4 micro-batches per step, 20 AdamW steps: the losses and every trained weight agree within 1e-5."""
+    once, once_losses, once_w = _run(tmp_path, "step", kind=kind, arm=arm, recipe=recipe, weight_build="step")
+    each, each_losses, each_w = _run(tmp_path, "each", kind=kind, arm=arm, recipe=recipe, weight_build="micro_batch")
+    assert (once["weight_build"], each["weight_build"], once["grad_accumulation"]) == ("step", "micro_batch", 4)
+    assert len(once_losses) == STEPS and once_losses[-1] < once_losses[0]  # it trained
+    _agree(once_losses, each_losses, once_w, each_w)
+
+
+def test_the_same_math_in_float64(tmp_path):
+    """In float64 the two builds agree to rounding of 1e-16: the float32 differences above are the order of the
+    additions (the orthonormal coordinates, built by Householder products, amplify them most)."""
+    weights = {}
+    for build in ("step", "micro_batch"):
+        teacher, student = perturbed_student("llama-tied", "coreortho", "parametrized")
+        teacher.double(), student.double()
+        objective = CloneObjective(teacher, student, RecipeArgs(temperature=2.0))
+        args = TrainArgs(tokens=STEPS * 4 * SEQ, batch_size=4, micro_batch_size=1, lr=3e-3, progress=False,
+                         weight_build=build)
+        train(objective, student, RandomTokens(rows=40), args, tmp_path / build)
+        weights[build] = {n: p.detach().clone() for n, p in student.named_parameters() if p.requires_grad}
+    assert max(float((weights["step"][n] - w).abs().max()) for n, w in weights["micro_batch"].items()) < 1e-12
+
+
+def test_built_once_under_activation_checkpointing(tmp_path):
+    """With the layers recomputed in backward, the recompute reads the step's weights too."""
+    kwargs = dict(kind="llama-untied", arm="slice", recipe="lrc", activation_checkpointing=True)
+    _, once_losses, once_w = _run(tmp_path, "step", weight_build="step", **kwargs)
+    _, each_losses, each_w = _run(tmp_path, "each", weight_build="micro_batch", **kwargs)
+    _agree(once_losses, each_losses, once_w, each_w)
+
+
+@pytest.mark.parametrize(("weight_build", "builds_per_step"), [("step", 1), ("micro_batch", 4)])
+def test_each_weight_is_built_once_per_step(tmp_path, weight_build, builds_per_step):
+    """Counted at the parametrisations themselves: every parametrised weight is evaluated once per step
+    (4 times, once per micro-batch, on the other path)."""
+    teacher, student = perturbed_student("llama-untied", "slice")
+    built: dict[str, int] = {}
+    for name, module in student.named_modules():
+        if parametrize.is_parametrized(module):
+            def count(*_, name=name):
+                built[name] = built.get(name, 0) + 1
+            module.parametrizations.weight.register_forward_hook(count)
+    objective = CloneObjective(teacher, student, RecipeArgs())
+    args = TrainArgs(tokens=2 * 4 * SEQ, batch_size=4, micro_batch_size=1, progress=False, weight_build=weight_build)
+    train(objective, student, RandomTokens(rows=8), args, tmp_path / "run")
+    assert len(built) == 7 * 2 + 2  # q, k, v, o, gate, up, down per layer; the embedding and the head
+    assert set(built.values()) == {2 * builds_per_step}
+
+
+def test_auto_builds_once_only_where_it_can_and_step_is_refused_under_fsdp():
+    assert builds_once("auto", accum=4, fsdp=False) and not builds_once("auto", accum=1, fsdp=False)
+    assert not builds_once("auto", accum=4, fsdp=True) and not builds_once("micro_batch", accum=4, fsdp=False)
+    assert builds_once("step", accum=1, fsdp=False)
+    with pytest.raises(LRCError, match="weight_build.*FSDP2"):
+        builds_once("step", accum=4, fsdp=True)
