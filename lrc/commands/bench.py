@@ -139,12 +139,22 @@ def load_bench_teacher(spec: Path, seed: int, allow_pickle: bool = False):
 
 
 def _count_parametrisation_calls(model) -> list[int]:
+    """Builds of a parametrised weight: whole (a forward) or one process's row block (``rows``, DDP)."""
     counter = [0]
+
+    def count(*_):
+        counter[0] += 1
+
+    def counted(rows):
+        return lambda *a: (count(), rows(*a))[1]
+
     for module in model.modules():
         if parametrize.is_parametrized(module):
             for plist in module.parametrizations.values():
                 for p in plist:
-                    p.register_forward_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
+                    p.register_forward_hook(count)
+                    if hasattr(p, "rows"):
+                        p.rows = counted(p.rows)
     return counter
 
 
@@ -192,6 +202,7 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
         "base_memory_mib": 0.0 if on_gpu else base_rss,
         "trainable_params": sum(p.numel() for p in student.parameters() if p.requires_grad),
         "parametrisation_calls_per_step": calls[0] / total_steps,
+        "weight_rows_share": summary.get("weight_rows_share") or 1.0,  # of the weights' rows, built here
         "optimizer_coordinate_maps": len(coordinate_maps(student)),
         # the basis changes this process runs per step (the rest run on the others)
         "basis_changes_this_process": summary.get("optimizer_coordinates", {}).get("this_process", 0),
@@ -285,6 +296,7 @@ def bench(args: BenchArgs) -> list[dict]:
             "step_memory_mib": above,
             "trainable_params": runs[arm][0]["trainable_params"],
             "parametrisation_calls_per_step": runs[arm][0]["parametrisation_calls_per_step"],
+            "weight_rows_share": runs[arm][0]["weight_rows_share"],
             "optimizer_coordinate_maps": runs[arm][0]["optimizer_coordinate_maps"],
             "basis_changes_per_process": runs[arm][0]["basis_changes_this_process"],
             "measured_steps": len(times),

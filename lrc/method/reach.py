@@ -79,10 +79,20 @@ CORE_IMPLS = ("optimizer", "parametrized")
 
 
 class TeacherTimesFactor(ReadsTeacher):
-    """``W = T · A`` with T the teacher's frozen weight (q/k/v projections)."""
+    """``W = T · A`` with T the teacher's frozen weight (q/k/v projections).
+
+    ``rows(factor, start, stop)`` is ``forward(factor)[start:stop]`` from that block of the operand
+    that holds W's rows (here T's), and ``num_rows`` W's row count: a process of a data-parallel
+    run builds its block only (:mod:`lrc.training.weight_build`). Likewise in the two classes below."""
 
     def forward(self, factor: torch.Tensor) -> torch.Tensor:
         return teacher_operand(self.teacher_tensor, factor) @ factor
+
+    def rows(self, factor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return teacher_operand(self.teacher_tensor, factor)[start:stop] @ factor
+
+    def num_rows(self, factor: torch.Tensor) -> int:
+        return self.frozen.shape[0]
 
 
 class FactorTimesTeacher(ReadsTeacher):
@@ -91,12 +101,21 @@ class FactorTimesTeacher(ReadsTeacher):
     def forward(self, factor: torch.Tensor) -> torch.Tensor:
         return factor @ teacher_operand(self.teacher_tensor, factor)
 
+    def rows(self, factor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return factor[start:stop] @ teacher_operand(self.teacher_tensor, factor)
 
-class TeacherTimesFactorT(ReadsTeacher):
+    def num_rows(self, factor: torch.Tensor) -> int:
+        return factor.shape[0]
+
+
+class TeacherTimesFactorT(TeacherTimesFactor):
     """``W = T · Pᵀ`` with T the teacher's frozen weight (gate/up projections, embedding, head)."""
 
     def forward(self, factor: torch.Tensor) -> torch.Tensor:
         return teacher_operand(self.teacher_tensor, factor) @ factor.T
+
+    def rows(self, factor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return teacher_operand(self.teacher_tensor, factor)[start:stop] @ factor.T
 
 
 class SpectralCoordinates(nn.Module):

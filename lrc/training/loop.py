@@ -179,6 +179,7 @@ class Run:
     ckpt_dir: Path
     fingerprint: dict[str, Any]
     build_once: bool = False  # the parametrised weights built once per step (lrc.training.weight_build)
+    rows_share: float | None = None  # ... and the share of their rows this process built (DDP divides them)
 
     @property
     def device(self) -> torch.device:
@@ -303,7 +304,8 @@ def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn
     """
     acc, accum = run.accelerator, run.accum
     step_sum, names = None, None
-    with weight_build.built_once(run.bare, acc.autocast) if run.build_once else contextlib.nullcontext() as weights:
+    building = weight_build.built_once(run.bare, acc.autocast, acc.process_index, acc.num_processes)
+    with building if run.build_once else contextlib.nullcontext() as weights:
         for k in range(accum):
             batch = {key: v.to(run.device, non_blocking=True) for key, v in next(batches).items()}
             # DDP: only the last micro-batch of a step all-reduces the gradients (none does when the weights
@@ -317,6 +319,7 @@ def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn
             vec = torch.stack([total.detach().float()] + [terms[n].detach().float().reshape(()) for n in names])
             step_sum = vec if step_sum is None else step_sum + vec
         if weights is not None:
+            run.rows_share = weights.rows_built / max(1, weights.rows_total)
             weights.backward()
             weight_build.average_gradients(trainable, acc.num_processes)
     clip = run.args.grad_clip if run.args.grad_clip > 0 else float("inf")
@@ -374,7 +377,7 @@ def finish(run: Run, log: StepLog, start_step: int, resumed_from: str | None) ->
         "batch_size": run.args.batch_size, "num_processes": acc.num_processes, "grad_accumulation": run.accum,
         "final": log.last, "tokens_per_s": trained * run.tokens_per_step / wall if trained > 0 else None,
         "peak_memory_mib": peak_memory_mib(run.device), "mixed_precision": run.mixed, "device": str(run.device),
-        "weight_build": "step" if run.build_once else "micro_batch",
+        "weight_build": "step" if run.build_once else "micro_batch", "weight_rows_share": run.rows_share,
     }
     if (share := getattr(getattr(run.optimizer, "optimizer", run.optimizer), "coordinate_share", None)) is not None:
         summary["optimizer_coordinates"] = share  # basis changes in the optimiser step, per process

@@ -129,7 +129,7 @@ class _TraceAccelerator:
     """What :func:`lrc.training.loop.train_step` asks of accelerate, for one process."""
 
     device = torch.device("cpu")
-    num_processes = 1
+    num_processes, process_index = 1, 0
 
     def __init__(self, precision: str):
         self.precision = precision

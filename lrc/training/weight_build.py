@@ -12,11 +12,19 @@ micro-batch, :meth:`StepWeights.backward` sends those gradients through the fact
 The math is the same as building per micro-batch (the gradient of a sum); only the order of the
 additions differs (tests/training/test_weight_build.py: within 1e-5 over 20 AdamW steps).
 
-Under DDP the micro-batches all run without DDP's all-reduce (its hooks would fire before the
-factors have gradients) and the step's gradients are averaged afterwards, in one flat all-reduce
-(:func:`average_gradients`). FSDP2 gathers and frees each layer's factors around its own forward,
-so a weight built before the step would hold every layer at once: under FSDP2 the weights are
-built per micro-batch (``auto``), and ``step`` is refused.
+Under DDP the construction is divided: each process builds one row block of each weight (the
+products of :mod:`lrc.method.reach` build any rows from that block of their operand), the blocks are
+all-gathered into the leaf, and after the micro-batches each process takes its rows of the leaf's
+gradient summed over the processes (a reduce-scatter) through its block's product. So the weight-
+side work per process falls as 1/N. The micro-batches run without DDP's own all-reduce (its hooks
+would fire before the factors have gradients); :func:`average_gradients` averages the step's
+gradients after the backward, which also completes the factor gradients the blocks gave as partial
+sums. One process and two agree to float32 rounding (tests/training/test_multiprocess.py; in float64
+to 2e-13).
+
+FSDP2 gathers and frees each layer's factors around its own forward, so a weight built before the
+step would hold every layer at once: under FSDP2 the weights are built per micro-batch (``auto``),
+and ``step`` is refused.
 """
 
 from __future__ import annotations
@@ -45,19 +53,46 @@ def builds_once(choice: str, accum: int, fsdp: bool) -> bool:
 
 class StepWeights:
     """The weights of one step: built (with the graph to their factors) and the leaves the
-    micro-batches read."""
+    micro-batches read. With ``num_processes`` > 1 (DDP) each process builds one row block of each
+    weight whose parametrisation can build rows (``rows``/``num_rows``, :mod:`lrc.method.reach`),
+    and the blocks are gathered into the leaf."""
 
-    def __init__(self, model: torch.nn.Module):
-        self.keys, self.built, self.leaves = [], [], []
+    def __init__(self, model: torch.nn.Module, process_index: int = 0, num_processes: int = 1):
+        self.rank, self.world = process_index, num_processes
+        self.keys, self.built, self.leaves, self.blocks = [], [], [], []
+        self.rows_built = self.rows_total = 0
         for module in model.modules():
             if parametrize.is_parametrized(module):
-                for name in module.parametrizations:
-                    weight = getattr(module, name)  # built now, with its graph
+                for name, plist in module.parametrizations.items():
+                    weight, block = self._build(module, name, plist)
                     # A low-precision weight (built under autocast) gathers its gradient in fp32.
-                    leaf = weight.detach().to(torch.promote_types(weight.dtype, torch.float32))
+                    leaf = (weight if block is None else self._gathered(weight, block)).detach()
                     self.keys.append((id(module), name))
                     self.built.append(weight)
-                    self.leaves.append(leaf.requires_grad_(weight.requires_grad))
+                    self.blocks.append(block)
+                    self.leaves.append(leaf.to(torch.promote_types(leaf.dtype, torch.float32))
+                                       .requires_grad_(weight.requires_grad))
+
+    def _build(self, module, name, plist) -> tuple[torch.Tensor, tuple[int, int, int, int] | None]:
+        """The whole weight, or this process's rows of it: (block, (start, stop, rows per block, rows))."""
+        param = plist[0] if len(plist) == 1 else None
+        if self.world == 1 or not hasattr(param, "rows"):
+            weight = getattr(module, name)
+            self.rows_built, self.rows_total = self.rows_built + weight.shape[0], self.rows_total + weight.shape[0]
+            return weight, None
+        n = param.num_rows(plist.original)
+        per = -(-n // self.world)
+        start, stop = min(n, self.rank * per), min(n, (self.rank + 1) * per)
+        self.rows_built, self.rows_total = self.rows_built + stop - start, self.rows_total + n
+        return param.rows(plist.original, start, stop), (start, stop, per, n)
+
+    def _gathered(self, block: torch.Tensor, where: tuple[int, int, int, int]) -> torch.Tensor:
+        start, stop, per, n = where
+        padded = block.new_zeros(per, *block.shape[1:])
+        padded[: stop - start] = block.detach()
+        whole = block.new_empty(self.world * per, *block.shape[1:])
+        _collective("all_gather_single", "all_gather_into_tensor")(whole, padded)
+        return whole[:n]
 
     def install(self) -> None:
         """Put the leaves where parametrize looks first (its cache, keyed ``(id(module), name)``;
@@ -65,21 +100,44 @@ class StepWeights:
         parametrize._cache.update(zip(self.keys, self.leaves))
 
     def backward(self) -> None:
-        """The micro-batches' summed weight gradients, through the factor products, once."""
-        pairs = [(w, leaf.grad.to(w.dtype)) for w, leaf in zip(self.built, self.leaves)
-                 if w.requires_grad and leaf.grad is not None]
+        """The micro-batches' summed weight gradients, through the factor products, once. A row block's
+        gradient is its rows summed over the processes, so the factor gradients it gives are partial
+        sums of all processes' gradients: :func:`average_gradients` completes them."""
+        pairs = []
+        for w, leaf, block in zip(self.built, self.leaves, self.blocks):
+            if not w.requires_grad:
+                continue
+            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+            pairs.append((w, (grad if block is None else _summed_rows(grad, block, self.world)).to(w.dtype)))
         if pairs:
             torch.autograd.backward([w for w, _ in pairs], [g for _, g in pairs])
-        self.built, self.leaves = [], []
+        self.built, self.leaves, self.blocks = [], [], []
+
+
+def _summed_rows(grad: torch.Tensor, where: tuple[int, int, int, int], world: int) -> torch.Tensor:
+    """Rows ``start:stop`` of ``grad`` summed over the processes (a reduce-scatter)."""
+    start, stop, per, _ = where
+    padded = grad.new_zeros(world * per, *grad.shape[1:])
+    padded[: grad.shape[0]] = grad
+    mine = grad.new_empty(per, *grad.shape[1:])
+    _collective("reduce_scatter_single", "reduce_scatter_tensor")(mine, padded)
+    return mine[: stop - start]
+
+
+def _collective(name: str, before: str):
+    """``torch.distributed``'s single-tensor collective, under its older name on a torch without it."""
+    import torch.distributed as dist
+
+    return getattr(dist, name, None) or getattr(dist, before)
 
 
 @contextlib.contextmanager
-def built_once(model: torch.nn.Module, autocast: Callable[[], contextlib.AbstractContextManager]
-               ) -> Iterator[StepWeights]:
+def built_once(model: torch.nn.Module, autocast: Callable[[], contextlib.AbstractContextManager],
+               process_index: int = 0, num_processes: int = 1) -> Iterator[StepWeights]:
     """Inside: every access to a parametrised weight of ``model`` reads the step's leaf."""
     with parametrize.cached():
         with autocast():
-            weights = StepWeights(model)
+            weights = StepWeights(model, process_index, num_processes)
         weights.install()
         yield weights
 

@@ -72,20 +72,21 @@ def test_bench_micro_batches_and_the_core_basis_change_in_the_optimiser(tmp_path
 
     _write_teacher_config(tmp_path)
     rows = {}
-    for impl in ("optimizer", "parametrized"):
-        out = tmp_path / f"{impl}.csv"
+    for impl, build in (("optimizer", "auto"), ("optimizer", "micro_batch"), ("parametrized", "auto")):
+        out = tmp_path / f"{impl}-{build}.csv"
         assert main(["--teacher", str(tmp_path / "teacher.json"), "--student-hidden", "16", "--arms", "core",
-                     "--core-impl", impl, "--micro-batches", "2", "--steps", "2", "--warmup-steps", "1",
-                     "--repeats", "1", "--batch-size", "2", "--seq-len", "16", "--out", str(out)]) == 0
-        rows[impl] = {r["arm"]: r for r in csv.DictReader(out.open())}["core"]
-    # The optimiser path rebuilds no MLP weight in the forward (as dense: 10 materialisations per
-    # step of 2 micro-batches -> 20) and steps its 6 MLP weights in the arm's coordinates.
-    assert (float(rows["optimizer"]["parametrisation_calls_per_step"]) == 2 * 10
-            and rows["optimizer"]["optimizer_coordinate_maps"] == "6")
-    assert (float(rows["parametrized"]["parametrisation_calls_per_step"]) == 2 * 16
-            and rows["parametrized"]["optimizer_coordinate_maps"] == "0")
-    assert (rows["optimizer"]["micro_batches"] == "2"
-            and rows["optimizer"]["trainable_params"] == rows["parametrized"]["trainable_params"])
+                     "--core-impl", impl, "--weight-build", build, "--micro-batches", "2", "--steps", "2",
+                     "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--seq-len", "16",
+                     "--out", str(out)]) == 0
+        rows[impl, build] = {r["arm"]: r for r in csv.DictReader(out.open())}["core"]
+    # The optimiser path rebuilds no MLP weight in the forward (as dense: 10 weights) and steps its
+    # 6 MLP weights in the arm's coordinates. With 2 micro-batches the weights are built once per
+    # step (auto), or once per micro-batch (20).
+    calls = {k: float(r["parametrisation_calls_per_step"]) for k, r in rows.items()}
+    assert calls == {("optimizer", "auto"): 10, ("optimizer", "micro_batch"): 2 * 10, ("parametrized", "auto"): 16}
+    assert [r["optimizer_coordinate_maps"] for r in rows.values()] == ["6", "6", "0"]
+    assert rows["optimizer", "auto"]["weight_build"] == "auto" and rows["optimizer", "auto"]["micro_batches"] == "2"
+    assert len({r["trainable_params"] for r in rows.values()}) == 1
 
 
 @pytest.mark.slow
@@ -104,19 +105,22 @@ def test_bench_with_activation_checkpointing_builds_each_weight_once_per_step(tm
 
 
 @pytest.mark.slow
-def test_bench_with_two_processes_divides_the_basis_changes(tmp_path):
+def test_bench_with_two_processes_divides_the_basis_changes_and_the_weights(tmp_path):
     """--processes 2: a DDP run (torchrun, gloo) per measurement; each process runs half of
-    core's 6 basis changes per step, and the step takes twice the sequences."""
+    core's 6 basis changes per step and builds half the rows of each of its 10 weights once per
+    step (2 micro-batches), and the step takes twice the sequences."""
     from lrc.commands.bench import main
 
     _write_teacher_config(tmp_path)
     out = tmp_path / "bench.csv"
     assert main(["--teacher", str(tmp_path / "teacher.json"), "--student-hidden", "16", "--arms", "core",
-                 "--processes", "2", "--steps", "2", "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2",
-                 "--seq-len", "16", "--out", str(out)]) == 0
+                 "--processes", "2", "--micro-batches", "2", "--steps", "2", "--warmup-steps", "1", "--repeats", "1",
+                 "--batch-size", "2", "--seq-len", "16", "--out", str(out)]) == 0
     rows = {r["arm"]: r for r in csv.DictReader(out.open())}
     assert (rows["core"]["optimizer_coordinate_maps"], rows["core"]["basis_changes_per_process"]) == ("6", "3")
     assert rows["kd"]["basis_changes_per_process"] == "0" and rows["core"]["processes"] == "2"
+    assert float(rows["core"]["parametrisation_calls_per_step"]) == 10
+    assert float(rows["core"]["weight_rows_share"]) == pytest.approx(0.5, abs=0.02)
     assert float(rows["core"]["tokens_per_s"]) > 0
     for r in rows.values():  # the slowest process's times, beside process 0's
         assert (float(r["optimizer_cpu_max_ms"]) >= float(r["optimizer_cpu_ms"])
