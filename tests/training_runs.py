@@ -12,7 +12,8 @@ STEPS, BATCH, MICRO = 12, 8, 2
 
 def run_training(out: Path, kind: str) -> None:
     """kind "lm": a plain Llama on the LM objective; "clone": an LRC student (core arm) with
-    the `lrc` recipe, whose frozen teacher each process holds unwrapped."""
+    the `lrc` recipe, whose frozen teacher each process holds unwrapped; "clone-divided": the
+    same, each process building its share of the student's weights (``divide_weight_build``)."""
     from safetensors.torch import save_file
 
     from lrc.io.provenance import is_main_process
@@ -35,7 +36,8 @@ def run_training(out: Path, kind: str) -> None:
         apply_arm(model, teacher, "core")
         objective = CloneObjective(teacher, model, RecipeArgs(temperature=2.0))
     args = TrainArgs(tokens=STEPS * BATCH * SEQ, batch_size=BATCH, micro_batch_size=MICRO, lr=3e-3, warmup=0.1,
-                     log_every=1, checkpoint_every=4, threads=1, progress=False)
+                     log_every=1, checkpoint_every=4, threads=1, progress=False,
+                     divide_weight_build=kind == "clone-divided")
     summary = train(objective, model, RandomTokens(rows=40), args, out)
     if is_main_process():
         out.mkdir(parents=True, exist_ok=True)  # train() writes only into its checkpoint directory

@@ -88,6 +88,8 @@ class BenchArgs:
     micro_batches: int = field(default=1, metadata={"help": "micro-batches per optimiser step (gradient accumulation)"})
     weight_build: Literal["auto", "step", "micro_batch"] = field(default="auto", metadata={
         "help": "the parametrised weights built once per step or per micro-batch (lrc distill --weight-build)"})
+    divide_weight_build: bool = field(default=False, metadata={
+        "help": "with --processes: each process builds 1/N of each weight's rows (lrc distill --divide-weight-build)"})
     core_impl: Literal["optimizer", "parametrized"] = field(default="optimizer", metadata={
         "help": "core/randcomp: basis change in the optimiser step or a parametrisation (lrc.method.reach.apply_arm)"})
     activation_checkpointing: bool = field(default=False, metadata={
@@ -182,7 +184,7 @@ def run_one(arm: str, args: BenchArgs, work: Path) -> dict:
                       micro_batch_size=args.batch_size, lr=1e-4, warmup=0.0, log_every=1, threads=args.threads,
                       precision=args.precision, seed=args.seed, progress=False, ckpt_dir=work / "ckpt",
                       activation_checkpointing=args.activation_checkpointing, recompute_teacher=args.recompute_teacher,
-                      weight_build=args.weight_build)
+                      weight_build=args.weight_build, divide_weight_build=args.divide_weight_build)
     summary = train(objective, student, data, targs, work / "out")
     on_gpu = torch.device(summary["device"]).type == "cuda"
     records = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
@@ -318,6 +320,7 @@ def describe(args: BenchArgs, device: str) -> dict:
             "vocab": c.vocab_size, "student_hidden": args.student_hidden, "batch_size": args.batch_size,
             "micro_batches": args.micro_batches, "seq_len": args.seq_len, "processes": args.processes,
             "core_impl": args.core_impl, "weight_build": args.weight_build,
+            "divide_weight_build": args.divide_weight_build,
             "activation_checkpointing": args.activation_checkpointing, "recompute_teacher": args.recompute_teacher,
             "threads": args.threads, "device": device, "recipe": args.recipe}
 

@@ -86,6 +86,9 @@ class PlanArgs:
     recompute_teacher: bool | None = field(default=None, metadata={
         "help": "with checkpointing: the teacher's layers rerun inside the student's, as lrc distill "
                 "--recompute-teacher (default: the config's distill setting, else off)"})
+    weight_build: Literal["auto", "step", "micro_batch"] = field(default="auto", metadata={
+        "help": "the student's weights built once per optimiser step or per micro-batch, as lrc distill "
+                "--weight-build (auto: once per step with more than one micro-batch, outside FSDP)"})
     layers: int = field(default=0, metadata={"help": "trace a teacher with this many decoder layers (0: the config's)"})
     cost: bool = field(default=True, metadata={
         "help": "count each arm's FLOPs per step on the traced step (token work, weight-side, optimiser) and give "
@@ -114,6 +117,7 @@ class Setting:
     recompute_teacher: bool = False
     shard_optimizer: bool = False
     micro_batches: int = 1
+    build_once: bool = False  # the student's weights built once per optimiser step (lrc.training.weight_build)
     arms: tuple[str, ...] = MAIN_ARMS
     tokens: int | None = None  # one run's budget (the config's largest distill.tokens)
     arm_tokens: int | None = None  # an arm's over the config's runs
@@ -213,6 +217,7 @@ def resolve(args: PlanArgs) -> Setting:
             raise LRCError(f"--{name.replace('_', '-')} must be a positive integer, got {values[name]!r}")
     check_choice("--precision", values["precision"], ("fp32", "bf16"))
     check_choice("--sharding", values["sharding"], ("ddp", "fsdp"))
+    values["build_once"] = builds_once(args.weight_build, micro_batches, values["sharding"] == "fsdp")
     for name in ("activation_checkpointing", "shard_optimizer", "recompute_teacher"):
         if not isinstance(values[name], bool):
             raise LRCError(f"--{name.replace('_', '-')} is true or false, got {values[name]!r}")
@@ -277,7 +282,7 @@ class Planner:
                         activation_checkpointing=self.setting.activation_checkpointing,
                         recompute_teacher=self.setting.recompute_teacher, shard_optimizer=self.setting.shard_optimizer,
                         processes=self.setting.gpus if self.setting.sharding == "ddp" else 1,
-                        build_once=builds_once("auto", self.setting.micro_batches, self.setting.sharding == "fsdp"))
+                        build_once=self.setting.build_once)
 
     def at(self, micro_batch: int) -> dict:
         if micro_batch not in self._memo:
@@ -382,6 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"teacher {s['teacher_config']}, r {s['student_hidden']}, seq {s['seq_len']}, {s['precision']}, "
           f"{s['gpus']} GPU(s) {s['sharding']}" + (", optimiser states sharded" if s["shard_optimizer"] else "")
           + (f", {s['micro_batches']} micro-batches per step" if s["micro_batches"] > 1 else "")
+          + (", weights built once per step" if s["build_once"] else "")
           + (", activation checkpointing" if s["activation_checkpointing"] else "")
           + (" with the teacher recomputed" if s["recompute_teacher"] else "")
           + (f", {s['layers']} layers traced" if s["layers"] else ""))

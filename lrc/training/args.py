@@ -85,6 +85,10 @@ class TrainArgs:
         "help": "build the student's parametrised weights once per optimiser step (step) or in every micro-batch's "
                 "forward (micro_batch); auto: step with gradient accumulation, except under FSDP2 "
                 "(lrc.training.weight_build)"})
+    divide_weight_build: bool = field(default=False, metadata={
+        "help": "DDP, weights built once per step: each process builds 1/N of every weight's rows and the blocks "
+                "are gathered (less compute, an all-gather and a reduce-scatter of the weights per step; on 2 CPU "
+                "processes it measured no faster, docs/performance.md)"})
 
     def __post_init__(self) -> None:
         resolve_trackers(self.trackers)  # an explicitly named tracker must be installed: refused before any work

@@ -11,8 +11,8 @@ The split the planner reports:
 * ``weight_side``: building the student's weights from their factors (``W = T·A``, ``E_t·Pᵀ``,
   core's complement path, ...) and differentiating those products. It does not depend on the
   tokens: every parametrised weight is built once per step (``build_once``, the default with
-  gradient accumulation outside FSDP2, :mod:`lrc.training.weight_build`; under DDP each of the
-  ``processes`` builds its share of the rows, counted as 1/N of a whole build) or in every forward of every
+  gradient accumulation outside FSDP2, :mod:`lrc.training.weight_build`; whole on every process: the
+  division between DDP processes, opt-in, is not counted) or in every forward of every
   micro-batch (and its layer's once more in the backward under activation checkpointing). Counted by
   building each parametrised weight once and back-propagating a gradient through it, times the builds.
 * ``optimizer``: the optimiser step (core's basis change when it runs there).
@@ -76,10 +76,7 @@ def step_flops(spec: StepSpec) -> dict:
             [w for w in weights if w.requires_grad], [torch.ones_like(w) for w in weights if w.requires_grad]))
         objective.close()
     per_forward = build + differentiate + (rebuilt if spec.activation_checkpointing else 0)
-    traced = (1 if spec.build_once else spec.micro_batches) * per_forward if modules else 0
-    # The trace is one process building whole weights; built once under DDP, each process builds 1/N of the rows.
-    weight_side = traced // spec.processes if spec.build_once else traced
-    total -= traced - weight_side
+    weight_side = (1 if spec.build_once else spec.micro_batches) * per_forward if modules else 0
     optimizer = sum(optimizer_flops)
     return {"total": total, "token_work": total - weight_side - optimizer, "weight_side": weight_side,
             "optimizer": optimizer, "tokens": spec.micro_batches * spec.micro_batch_size * spec.seq_len}

@@ -304,7 +304,9 @@ def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn
     """
     acc, accum = run.accelerator, run.accum
     step_sum, names = None, None
-    building = weight_build.built_once(run.bare, acc.autocast, acc.process_index, acc.num_processes)
+    divide = run.args.divide_weight_build and acc.num_processes > 1
+    building = weight_build.built_once(run.bare, acc.autocast, *((acc.process_index, acc.num_processes) if divide
+                                                                 else (0, 1)))
     with building if run.build_once else contextlib.nullcontext() as weights:
         for k in range(accum):
             batch = {key: v.to(run.device, non_blocking=True) for key, v in next(batches).items()}

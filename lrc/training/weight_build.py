@@ -12,15 +12,16 @@ micro-batch, :meth:`StepWeights.backward` sends those gradients through the fact
 The math is the same as building per micro-batch (the gradient of a sum); only the order of the
 additions differs (tests/training/test_weight_build.py: within 1e-5 over 20 AdamW steps).
 
-Under DDP the construction is divided: each process builds one row block of each weight (the
-products of :mod:`lrc.method.reach` build any rows from that block of their operand), the blocks are
-all-gathered into the leaf, and after the micro-batches each process takes its rows of the leaf's
-gradient summed over the processes (a reduce-scatter) through its block's product. So the weight-
-side work per process falls as 1/N. The micro-batches run without DDP's own all-reduce (its hooks
-would fire before the factors have gradients); :func:`average_gradients` averages the step's
-gradients after the backward, which also completes the factor gradients the blocks gave as partial
-sums. One process and two agree to float32 rounding (tests/training/test_multiprocess.py; in float64
-to 2e-13).
+Under DDP the micro-batches run without DDP's own all-reduce (its hooks would fire before the
+factors have gradients); :func:`average_gradients` averages the step's gradients after the backward.
+With ``divide_weight_build`` the construction is also divided: each process builds one row block of
+each weight (the products of :mod:`lrc.method.reach` build any rows from that block of their
+operand), the blocks are all-gathered into the leaf, and after the micro-batches each process takes
+its rows of the leaf's gradient summed over the processes (a reduce-scatter) through its block's
+product; the average then also completes the factor gradients the blocks gave as partial sums. The
+weight-side compute per process falls as 1/N, at the price of those two collectives per weight and
+step: on two CPU processes it measured no faster, so it is opt-in. One process and two agree to
+float32 rounding either way (tests/training/test_multiprocess.py; divided, in float64, to 2e-13).
 
 FSDP2 gathers and frees each layer's factors around its own forward, so a weight built before the
 step would hold every layer at once: under FSDP2 the weights are built per micro-batch (``auto``),
@@ -53,7 +54,7 @@ def builds_once(choice: str, accum: int, fsdp: bool) -> bool:
 
 class StepWeights:
     """The weights of one step: built (with the graph to their factors) and the leaves the
-    micro-batches read. With ``num_processes`` > 1 (DDP) each process builds one row block of each
+    micro-batches read. With ``num_processes`` > 1 (DDP, divided) each process builds one row block of each
     weight whose parametrisation can build rows (``rows``/``num_rows``, :mod:`lrc.method.reach`),
     and the blocks are gathered into the leaf."""
 

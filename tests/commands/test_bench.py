@@ -107,15 +107,16 @@ def test_bench_with_activation_checkpointing_builds_each_weight_once_per_step(tm
 @pytest.mark.slow
 def test_bench_with_two_processes_divides_the_basis_changes_and_the_weights(tmp_path):
     """--processes 2: a DDP run (torchrun, gloo) per measurement; each process runs half of
-    core's 6 basis changes per step and builds half the rows of each of its 10 weights once per
-    step (2 micro-batches), and the step takes twice the sequences."""
+    core's 6 basis changes per step and, with --divide-weight-build, builds half the rows of each
+    of its 10 weights once per step (2 micro-batches); the step takes twice the sequences."""
     from lrc.commands.bench import main
 
     _write_teacher_config(tmp_path)
     out = tmp_path / "bench.csv"
     assert main(["--teacher", str(tmp_path / "teacher.json"), "--student-hidden", "16", "--arms", "core",
-                 "--processes", "2", "--micro-batches", "2", "--steps", "2", "--warmup-steps", "1", "--repeats", "1",
-                 "--batch-size", "2", "--seq-len", "16", "--out", str(out)]) == 0
+                 "--processes", "2", "--micro-batches", "2", "--divide-weight-build", "--steps", "2",
+                 "--warmup-steps", "1", "--repeats", "1", "--batch-size", "2", "--seq-len", "16",
+                 "--out", str(out)]) == 0
     rows = {r["arm"]: r for r in csv.DictReader(out.open())}
     assert (rows["core"]["optimizer_coordinate_maps"], rows["core"]["basis_changes_per_process"]) == ("6", "3")
     assert rows["kd"]["basis_changes_per_process"] == "0" and rows["core"]["processes"] == "2"

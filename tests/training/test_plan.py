@@ -163,6 +163,17 @@ def test_the_accumulation_follows_the_configs_batch_at_the_plans_micro_batch_and
     assert resolve(PlanArgs(workflow_config=config, micro_batches=2)).micro_batches == 2
 
 
+def test_the_weights_are_planned_built_once_per_step_where_distill_builds_them_so():
+    config = ROOT / "config/paper/llama3.2-3b.yaml"
+    assert not resolve(PlanArgs(workflow_config=config)).build_once  # one micro-batch per GPU
+    assert resolve(PlanArgs(workflow_config=config, gpus=1)).build_once
+    assert not resolve(PlanArgs(workflow_config=config, gpus=1, weight_build="micro_batch")).build_once
+    assert not resolve(PlanArgs(workflow_config=config, gpus=1, sharding="fsdp", shard_optimizer=False)).build_once
+    assert resolve(PlanArgs(workflow_config=config, weight_build="step")).build_once
+    with pytest.raises(LRCError, match="--weight-build step"):
+        resolve(PlanArgs(workflow_config=config, sharding="fsdp", shard_optimizer=False, weight_build="step"))
+
+
 def test_the_command_prints_a_table_and_writes_json(small_config, tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["--teacher-config", str(small_config), "--student-hidden", "128", "--micro-batch-size", "1",
