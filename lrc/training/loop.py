@@ -29,9 +29,10 @@ Decisions, and why:
 - **The loss of a step** is the mean over its micro-batches of the objective's loss (each
   micro-batch loss is the objective's own normalisation, e.g. a mean over counted tokens).
   It does not depend on the number of processes, since the micro-batches do not.
-- **An LRC student's weights are built once per step** when it accumulates gradients (``--weight-build``,
-  :mod:`lrc.training.weight_build`): the micro-batches share them and their gradients go through the
-  factor products once, after the last one (under DDP the gradients are then averaged by hand).
+- **An LRC student's weights are built once per step** when it accumulates gradients on the CPU, or
+  anywhere with ``--weight-build step`` (:mod:`lrc.training.weight_build`): the micro-batches share
+  them and their gradients go through the factor products once, after the last one (under DDP the
+  gradients are then averaged by hand).
 - **Checkpoints** (see :mod:`lrc.training.checkpoint`) hold accelerate's state (optimiser,
   scheduler, RNG of every process) plus the trainable parameters only; the frozen parts
   are rebuilt by the command that restarts. They live in ``ckpt_dir`` (default
@@ -253,7 +254,8 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     fsdp = accelerator.distributed_type.name == "FSDP"
     accum = args.batch_size // (args.micro_batch_size * P)
     # A refused choice is named before any work; a plain model has nothing to build.
-    build_once = weight_build.builds_once(args.weight_build, accum, fsdp) and weight_build.parametrised(model)
+    build_once = (weight_build.builds_once(args.weight_build, accum, fsdp, gpu=accelerator.device.type != "cpu")
+                  and weight_build.parametrised(model))
     if fsdp and args.shard_optimizer:
         raise LRCError("--shard-optimizer (train.shard_optimizer) is for DDP; FSDP2 shards the optimiser states itself")
     # FSDP2 and a tied student: one group for the shared factor, before the optimiser holds it.

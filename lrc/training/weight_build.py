@@ -41,15 +41,18 @@ from lrc.errors import LRCError
 WEIGHT_BUILDS = ("auto", "step", "micro_batch")
 
 
-def builds_once(choice: str, accum: int, fsdp: bool) -> bool:
+def builds_once(choice: str, accum: int, fsdp: bool, gpu: bool = False) -> bool:
     """Whether a step builds its weights once: ``auto`` does when there is more than one
-    micro-batch to share them and the model is not FSDP-sharded."""
+    micro-batch to share them, the model is not FSDP-sharded and it trains on the CPU. On a GPU,
+    where memory binds, ``auto`` builds per micro-batch: a step that builds once holds every
+    weight's fp32 copy and gradient through the step (at Llama-3.2-3B widths on one GPU, 9 to 26 GiB
+    more per arm, ``lrc plan --weight-build step``)."""
     if choice == "step" and fsdp:
         raise LRCError("--weight-build step (train.weight_build) does not run under FSDP2, which gathers each "
                        "layer's factors only around its forward; use auto or micro_batch")
     if choice not in WEIGHT_BUILDS:
         raise LRCError(f"unknown --weight-build {choice!r}; choose one of: {', '.join(WEIGHT_BUILDS)}")
-    return choice == "step" or (choice == "auto" and accum > 1 and not fsdp)
+    return choice == "step" or (choice == "auto" and accum > 1 and not fsdp and not gpu)
 
 
 class StepWeights:

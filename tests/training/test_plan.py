@@ -165,10 +165,10 @@ def test_the_accumulation_follows_the_configs_batch_at_the_plans_micro_batch_and
 
 def test_the_weights_are_planned_built_once_per_step_where_distill_builds_them_so():
     config = ROOT / "config/paper/llama3.2-3b.yaml"
-    assert not resolve(PlanArgs(workflow_config=config)).build_once  # one micro-batch per GPU
-    assert resolve(PlanArgs(workflow_config=config, gpus=1)).build_once
-    assert not resolve(PlanArgs(workflow_config=config, gpus=1, weight_build="micro_batch")).build_once
-    assert not resolve(PlanArgs(workflow_config=config, gpus=1, sharding="fsdp", shard_optimizer=False)).build_once
+    # auto plans a GPU run: built per micro-batch, with or without accumulation; step is asked for
+    assert not resolve(PlanArgs(workflow_config=config)).build_once
+    assert not resolve(PlanArgs(workflow_config=config, gpus=1)).build_once
+    assert resolve(PlanArgs(workflow_config=config, gpus=1, weight_build="step")).build_once
     assert resolve(PlanArgs(workflow_config=config, weight_build="step")).build_once
     with pytest.raises(LRCError, match="--weight-build step"):
         resolve(PlanArgs(workflow_config=config, sharding="fsdp", shard_optimizer=False, weight_build="step"))

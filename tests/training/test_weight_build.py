@@ -98,5 +98,7 @@ def test_auto_builds_once_only_where_it_can_and_step_is_refused_under_fsdp():
     assert builds_once("auto", accum=4, fsdp=False) and not builds_once("auto", accum=1, fsdp=False)
     assert not builds_once("auto", accum=4, fsdp=True) and not builds_once("micro_batch", accum=4, fsdp=False)
     assert builds_once("step", accum=1, fsdp=False)
+    # on a GPU, where memory binds, auto builds per micro-batch; step is the user's choice there
+    assert not builds_once("auto", accum=4, fsdp=False, gpu=True) and builds_once("step", accum=4, fsdp=False, gpu=True)
     with pytest.raises(LRCError, match="weight_build.*FSDP2"):
         builds_once("step", accum=4, fsdp=True)
