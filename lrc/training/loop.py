@@ -306,10 +306,9 @@ def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn
     """
     acc, accum = run.accelerator, run.accum
     step_sum, names = None, None
-    divide = run.args.divide_weight_build and acc.num_processes > 1
-    building = weight_build.built_once(run.bare, acc.autocast, *((acc.process_index, acc.num_processes) if divide
-                                                                 else (0, 1)))
-    with building if run.build_once else contextlib.nullcontext() as weights:
+    divided_over = acc.num_processes if run.args.divide_weight_build else 1
+    with (weight_build.built_once(run.bare, acc.autocast, acc.process_index, divided_over) if run.build_once
+          else contextlib.nullcontext()) as weights:
         for k in range(accum):
             batch = {key: v.to(run.device, non_blocking=True) for key, v in next(batches).items()}
             # DDP: only the last micro-batch of a step all-reduces the gradients (none does when the weights
@@ -323,7 +322,7 @@ def train_step(run: Run, objective: Objective, batches, trainable: list[torch.nn
             vec = torch.stack([total.detach().float()] + [terms[n].detach().float().reshape(()) for n in names])
             step_sum = vec if step_sum is None else step_sum + vec
         if weights is not None:
-            run.rows_share = weights.rows_built / max(1, weights.rows_total)
+            run.rows_share = weights.rows_share
             weights.backward()
             weight_build.average_gradients(trainable, acc.num_processes)
     clip = run.args.grad_clip if run.args.grad_clip > 0 else float("inf")

@@ -64,7 +64,6 @@ class StepWeights:
     def __init__(self, model: torch.nn.Module, process_index: int = 0, num_processes: int = 1):
         self.rank, self.world = process_index, num_processes
         self.keys, self.built, self.leaves, self.blocks = [], [], [], []
-        self.rows_built = self.rows_total = 0
         for module in model.modules():
             if parametrize.is_parametrized(module):
                 for name, plist in module.parametrizations.items():
@@ -81,14 +80,17 @@ class StepWeights:
         """The whole weight, or this process's rows of it: (block, (start, stop, rows per block, rows))."""
         param = plist[0] if len(plist) == 1 else None
         if self.world == 1 or not hasattr(param, "rows"):
-            weight = getattr(module, name)
-            self.rows_built, self.rows_total = self.rows_built + weight.shape[0], self.rows_total + weight.shape[0]
-            return weight, None
+            return getattr(module, name), None
         n = param.num_rows(plist.original)
         per = -(-n // self.world)
         start, stop = min(n, self.rank * per), min(n, (self.rank + 1) * per)
-        self.rows_built, self.rows_total = self.rows_built + stop - start, self.rows_total + n
         return param.rows(plist.original, start, stop), (start, stop, per, n)
+
+    @property
+    def rows_share(self) -> float:
+        """The share of the weights' rows this process built (1.0 unless divided)."""
+        built = [leaf.shape[0] if b is None else b[1] - b[0] for leaf, b in zip(self.leaves, self.blocks)]
+        return sum(built) / max(1, sum(leaf.shape[0] for leaf in self.leaves))
 
     def _gathered(self, block: torch.Tensor, where: tuple[int, int, int, int]) -> torch.Tensor:
         start, stop, per, n = where
@@ -111,8 +113,12 @@ class StepWeights:
         for w, leaf, block in zip(self.built, self.leaves, self.blocks):
             if not w.requires_grad:
                 continue
-            grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-            pairs.append((w, (grad if block is None else _summed_rows(grad, block, self.world)).to(w.dtype)))
+            if block is None:  # whole: nothing to send where the micro-batches gave no gradient
+                if leaf.grad is not None:
+                    pairs.append((w, leaf.grad.to(w.dtype)))
+            else:  # a block: every process takes part in the reduce-scatter, with zeros if need be
+                grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                pairs.append((w, _summed_rows(grad, block, self.world).to(w.dtype)))
         if pairs:
             torch.autograd.backward([w for w, _ in pairs], [g for _, g in pairs])
         self.built, self.leaves, self.blocks = [], [], []
