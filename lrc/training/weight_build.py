@@ -55,6 +55,16 @@ def builds_once(choice: str, accum: int, fsdp: bool, gpu: bool = False) -> bool:
     return choice == "step" or (choice == "auto" and accum > 1 and not fsdp and not gpu)
 
 
+def not_divided(choice: str, accum: int, fsdp: bool, gpu: bool) -> str:
+    """Why ``--divide-weight-build`` has nothing to divide: the run builds per micro-batch."""
+    why = ("FSDP2 builds each layer's weights in its own forward" if fsdp
+           else f"--weight-build {choice} with {accum} micro-batch{'es' if accum > 1 else ''} per step"
+           + (" on a GPU" if gpu and choice == "auto" else "") + " builds them in every micro-batch's forward")
+    return (f"--divide-weight-build (train.divide_weight_build) divides the once-per-step build of the weights, "
+            f"but this run does not build them once: {why}; add --weight-build step (train.weight_build) "
+            "or drop --divide-weight-build")
+
+
 class StepWeights:
     """The weights of one step: built (with the graph to their factors) and the leaves the
     micro-batches read. With ``num_processes`` > 1 (DDP, divided) each process builds one row block of each

@@ -102,3 +102,17 @@ def test_auto_builds_once_only_where_it_can_and_step_is_refused_under_fsdp():
     assert not builds_once("auto", accum=4, fsdp=False, gpu=True) and builds_once("step", accum=4, fsdp=False, gpu=True)
     with pytest.raises(LRCError, match="weight_build.*FSDP2"):
         builds_once("step", accum=4, fsdp=True)
+
+
+@pytest.mark.parametrize(("weight_build", "micro_batch_size", "why"),
+                         [("micro_batch", 1, "--weight-build micro_batch with 4 micro-batches"),
+                          ("auto", 4, "--weight-build auto with 1 micro-batch per step")])
+def test_dividing_a_build_that_is_not_once_per_step_is_refused(tmp_path, weight_build, micro_batch_size, why):
+    """--divide-weight-build has nothing to divide where the weights are built in every micro-batch: refused
+    before any work, naming the key and the reason, instead of running undivided."""
+    teacher, student = perturbed_student("llama-untied", "dense")
+    args = TrainArgs(tokens=4 * SEQ, batch_size=4, micro_batch_size=micro_batch_size, progress=False,
+                     weight_build=weight_build, divide_weight_build=True)
+    with pytest.raises(LRCError, match=f"train.divide_weight_build.*{why}"):
+        train(CloneObjective(teacher, student, RecipeArgs()), student, RandomTokens(rows=8), args, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
