@@ -150,12 +150,10 @@ def kl_to_teacher(record: dict[str, Any]) -> float:
     return float("nan") if value is None else float(value)
 
 
-def scores_by_seed(records: list[dict[str, Any]], *, recipe: str, arm: str, tokens: int | None,
-                   sft: bool = False, knockout: bool = False,
-                   measure: Callable[[dict[str, Any]], float] = score) -> dict[int, float]:
-    """seed -> ``measure`` (default: the aggregate, percent) of the runs matching; a seed given twice is an
-    error."""
-    out: dict[int, float] = {}
+def records_by_seed(records: list[dict[str, Any]], *, recipe: str, arm: str, tokens: int | None,
+                    sft: bool = False, knockout: bool = False) -> dict[int, dict[str, Any]]:
+    """seed -> the record of the run matching; a seed given twice is an error."""
+    out: dict[int, dict[str, Any]] = {}
     for r in records:
         if (r["recipe"], r["arm"], r["sft"], r.get("knockout", False)) != (recipe, arm, sft, knockout):
             continue
@@ -163,8 +161,17 @@ def scores_by_seed(records: list[dict[str, Any]], *, recipe: str, arm: str, toke
             continue
         if r["seed"] in out:
             raise LRCError(f"{recipe}-{arm} t{tokens}: seed {r['seed']} given twice (second: {r['file']})")
-        out[r["seed"]] = measure(r)
+        out[r["seed"]] = r
     return dict(sorted(out.items()))
+
+
+def scores_by_seed(records: list[dict[str, Any]], *, recipe: str, arm: str, tokens: int | None,
+                   sft: bool = False, knockout: bool = False,
+                   measure: Callable[[dict[str, Any]], float] = score) -> dict[int, float]:
+    """seed -> ``measure`` (default: the aggregate, percent) of the runs matching; a seed given twice is an
+    error."""
+    found = records_by_seed(records, recipe=recipe, arm=arm, tokens=tokens, sft=sft, knockout=knockout)
+    return {seed: measure(r) for seed, r in found.items()}
 
 
 def teacher_record(records: list[dict[str, Any]], *, required: bool = True) -> dict[str, Any] | None:

@@ -112,6 +112,9 @@ def markdown(rows: pd.DataFrame, *, seconds: float | None = None) -> str:
               "(noncentral t; blank without a paper number or a spread).",
               "- Rows named \"KL to the teacher\" give the percent of the slice's held-out KL to the teacher that "
               "the arm removes (paired by seed; the paper has none, its accuracy gain predicts the sign).",
+              "- Rows \"seeds pooled\" compare the same students item by item (per task, paired t over every "
+              "item of every seed) and held-out row by row (paired bootstrap over rows): the precision of the "
+              "evaluation given these students, not the seeds' spread; they give no verdict.",
               "- Paper numbers: docs/method.md §4; each claim table's `paper_setting` names the paper's setting.",
               "", "What \"direction\" means on each row, the paper's setting, and the table:", ""]
     lines += [_note(i, r) for i, r in enumerate(rows.to_dict("records"), start=1)]

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from lrc.analysis.claims_items import item_rows
 from lrc.analysis.claims_rows import (
     PLATEAU,
     load_records,
@@ -97,11 +98,13 @@ def _kl_removed(records, claim: str, arms: Sequence[str]) -> list[dict[str, Any]
 
 
 def table1(paths: Sequence[Path]) -> pd.DataFrame:
-    """Gain of each full-reach arm (dense, core) over the matched slice, paired by seed; and, where
-    the evaluations measured it, the share of the slice's KL to the teacher each removes."""
+    """Gain of each full-reach arm (dense, core) over the matched slice, paired by seed; where the
+    evaluations measured it, the share of the slice's KL to the teacher each removes; and the same
+    differences item by item and row by row, the seeds pooled (:mod:`lrc.analysis.claims_items`)."""
     records = load_records(paths)
     rows = _gains_over_slice(records, "table1", MAIN_ARMS, headline=("dense", "core"))
-    return pd.DataFrame(rows + _kl_removed(records, "table1", MAIN_ARMS))
+    items = item_rows(records, "table1", list(_beside_slice(records, MAIN_ARMS)))
+    return pd.DataFrame(rows + _kl_removed(records, "table1", MAIN_ARMS) + items)
 
 
 def controls(paths: Sequence[Path]) -> pd.DataFrame:

@@ -33,6 +33,15 @@ def has_claims(settings: dict) -> bool:
     return bool(settings.get("claims"))
 
 
+def included(settings: dict) -> tuple[str, ...]:
+    """The claims the section asks for (``claims.include``; every claim by default), in CLAIMS' order;
+    none without a claims section."""
+    if not has_claims(settings):
+        return ()
+    asked = settings["claims"].get("include") or CLAIMS
+    return tuple(c for c in CLAIMS if c in asked)
+
+
 def _product(recipes: Iterable[str], arms: Iterable[str], seeds: Iterable[int], tokens: Iterable[int]) -> list[str]:
     return [run_name(r, a, s, t) for r, a, s, t in itertools.product(recipes, arms, seeds, tokens)]
 
@@ -40,11 +49,11 @@ def _product(recipes: Iterable[str], arms: Iterable[str], seeds: Iterable[int], 
 def claim_runs(settings: dict, claim: str) -> list[str]:
     """The distillation runs (run names) whose outputs ``claim`` reads."""
     c = settings["claims"]
-    seeds, tokens, full = c["seeds"], [c["tokens"]], c["full_arm"]
+    seeds, tokens, full = c["seeds"], [c["tokens"]], c.get("full_arm")  # full_arm: only the claims that read it
     if claim == "table1":
         return _product(["lrc"], MAIN_ARMS, seeds, tokens)
     if claim in ("controls", "coordinates"):
-        return _product(["lrc"], ARMS, seeds, tokens)
+        return _product(["lrc"], [a for a in ARMS if a in c.get("arms", ARMS)], seeds, tokens)
     if claim == "cross_recipe":
         return _product(RECIPES, ["slice", full], seeds, tokens)
     if claim == "saturation":
@@ -62,13 +71,13 @@ def all_claim_runs(settings: dict) -> list[str]:
     """Every run the claims read, each once, in the order the claims first name them."""
     if not has_claims(settings):
         return []
-    return list(dict.fromkeys(r for claim in CLAIMS for r in claim_runs(settings, claim)))
+    return list(dict.fromkeys(r for claim in included(settings) for r in claim_runs(settings, claim)))
 
 
 def claim_inputs(exp: str, settings: dict, claim: str) -> list[str]:
     """The files (and, for coordinates, the distill directories) the rule claim_<claim> reads
-    for one experiment; [] for an experiment without a claims section."""
-    if not has_claims(settings):
+    for one experiment; [] for an experiment without a claims section or one that leaves the claim out."""
+    if not has_claims(settings) or claim not in included(settings):
         return []
     if claim == "capacity":
         return [f"results/{exp}/probe.csv"]
@@ -106,7 +115,27 @@ def claims_problems(exp: str, settings: dict) -> list[str]:
         return []
     where = f"experiments.{exp}"
     problems = []
-    ladder, tokens = c["ladder"], c["tokens"]
+    asked = included(settings)
+    if "saturation" in asked:
+        problems += _ladder_problems(where, c)
+    if "coordinates" in asked and not ((settings.get("distill") or {}).get("train") or {}).get("update_energy_every"):
+        problems.append(
+            f"{where}.distill.train.update_energy_every: the coordinates claim reads each run's "
+            "update_energy.csv; set it to a number of optimizer steps > 0 (e.g. 50), or leave coordinates out "
+            "of claims.include"
+        )
+    arms = c.get("arms", ARMS)
+    if {"controls", "coordinates"} & set(asked) and "slice" not in arms:
+        problems.append(f"{where}.claims.arms: the controls are gains over slice; add slice to {list(arms)}")
+    return problems
+
+
+def _ladder_problems(where: str, c: dict) -> list[str]:
+    ladder, tokens = c.get("ladder"), c["tokens"]
+    if not ladder:
+        return [f"{where}.claims.ladder: the saturation claim needs the budgets of its ladder (at least 4, "
+                f"the largest at least 4x claims.tokens), or leave saturation out of claims.include"]
+    problems = []
     if max(ladder) < 4 * tokens:
         problems.append(
             f"{where}.claims.ladder: the largest budget {max(ladder)} must be at least 4x claims.tokens "
@@ -114,10 +143,4 @@ def claims_problems(exp: str, settings: dict) -> list[str]:
         )
     if list(ladder) != sorted(ladder):
         problems.append(f"{where}.claims.ladder: list the budgets in increasing order, got {list(ladder)}")
-    every = ((settings.get("distill") or {}).get("train") or {}).get("update_energy_every") or 0
-    if not every:
-        problems.append(
-            f"{where}.distill.train.update_energy_every: the coordinates claim reads each run's "
-            "update_energy.csv; set it to a number of optimizer steps > 0 (e.g. 50)"
-        )
     return problems

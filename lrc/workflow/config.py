@@ -39,7 +39,7 @@ from typing import Any
 from lrc.errors import LRCError
 from lrc.names import RECIPES, parse_run_name, run_name
 from lrc.options import read_yaml
-from lrc.workflow.claims import all_claim_runs, claims_problems, varies_warmstart
+from lrc.workflow.claims import all_claim_runs, claims_problems, included, varies_warmstart
 from lrc.workflow.option_checks import build_problem, command_args_class, name_positionals, width_problems
 from lrc.workflow.value_checks import value_problems
 
@@ -308,7 +308,7 @@ def jobs(settings: dict) -> list[Job]:
     if sft_runs(settings):
         out.append(Job("sft", {}))
     out += [Job("evaluate", {"name": "teacher"}), Job("audit", {}), Job("probe", {})]
-    return out + ([Job("knockout_audit", {})] if settings.get("claims") else [])
+    return out + ([Job("knockout_audit", {})] if "knockout" in included(settings) else [])
 
 
 # ------------------------------------------------------------------ the checks

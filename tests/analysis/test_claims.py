@@ -103,6 +103,51 @@ def test_table1_sets_the_share_of_the_slices_kl_removed_beside_each_gain(evals, 
     assert list(read(out).index) == ["dense − slice", "core − slice"]
 
 
+def write_items(eval_dir, name, correct, nll_rows):
+    """An evaluation with lm-eval's per-item log of task x (``correct``: 0/1 per item) and its held-out rows."""
+    path = write_eval(eval_dir, name, 100 * sum(correct) / len(correct))
+    data = json.loads(open(path).read())
+    data["extra"]["heldout_rows"] = {"tokens": [10] * len(nll_rows), "nll": nll_rows}
+    open(path, "w").write(json.dumps(data))
+    records = eval_dir / f"{name}.lm_eval"
+    records.mkdir()
+    logged = [{"doc_id": i, "acc": c, "doc_hash": f"d{i}", "prompt_hash": "p"} for i, c in enumerate(correct)]
+    (records / "samples_x.jsonl").write_text("".join(json.dumps(row) + "\n" for row in logged))
+    return path
+
+
+def test_table1_pools_the_seeds_items_and_heldout_rows(evals, tmp_path):
+    """Per item, dense − slice is 0, 1, 0, 0 on seed 0 and 1, 0, 0, 0 on seed 1: pooled, 8 differences of
+    mean 25 points and sd √(15000/7); per held-out row (10 tokens each), dense's NLL 1 lower on every row of
+    both seeds: −0.1 per token, whichever rows a bootstrap draws."""
+    files = [write_items(evals, "lrc-slice-s0-t1000", [1, 0, 1, 0], [30.0, 20.0]),
+             write_items(evals, "lrc-dense-s0-t1000", [1, 1, 1, 0], [29.0, 19.0]),
+             write_items(evals, "lrc-slice-s1-t1000", [0, 0, 1, 1], [25.0, 22.0]),
+             write_items(evals, "lrc-dense-s1-t1000", [1, 0, 1, 1], [24.0, 21.0])]
+    out = tmp_path / "table1.csv"
+    assert claims("table1", "--inputs", *files, "--out", out) == 0
+    t = read(out)
+    items = t.loc["dense − slice, x per item (points, seeds pooled)"]
+    half = 2.364624 * math.sqrt(15000 / 7) / math.sqrt(8)
+    assert items["miniature"] == pytest.approx(25) and items["items"] == 8 and items["n_seeds"] == 2
+    assert items["ci_low"] == pytest.approx(25 - half, abs=1e-4)
+    assert items["ci_high"] == pytest.approx(25 + half, abs=1e-4)
+    assert items["per_seed"] == "25.0000 25.0000" and items["verdict_rule"] == "items"
+    assert math.isnan(items["direction_holds"]) and bool(items["headline"])
+    nll = t.loc["dense − slice, cross-entropy (nats per token), held-out rows (seeds pooled)"]
+    assert nll["miniature"] == pytest.approx(-0.1) and nll["items"] == 4
+    assert nll["ci_low"] == pytest.approx(-0.1) and nll["ci_high"] == pytest.approx(-0.1)
+    # the summary shows them, with no verdict and outside Holm's family
+    summary = tmp_path / "claims.csv"
+    assert claims("summary", "--inputs", out, "--out", summary, "--markdown", tmp_path / "claims.md") == 0
+    row = read(summary).loc["dense − slice, x per item (points, seeds pooled)"]
+    assert math.isnan(row["p_holm"]) and math.isnan(row["holds"]) and row["verdict_rule"] == "items"
+    # items logged differently for two seeds are refused, naming the item
+    (evals / "lrc-dense-s1-t1000.lm_eval" / "samples_x.jsonl").write_text(
+        json.dumps({"doc_id": 0, "acc": 1, "doc_hash": "other", "prompt_hash": "p"}) + "\n")
+    assert claims("table1", "--inputs", *files, "--out", out) != 0
+
+
 def test_one_seed_keeps_working_with_a_blank_interval(evals, tmp_path):
     files = runs(evals, "slice", SLICE[:1]) + runs(evals, "dense", DENSE[:1])
     assert claims("table1", "--inputs", *files, "--out", tmp_path / "t.csv") == 0

@@ -179,7 +179,31 @@ BAD_CLAIMS = [
      "at experiments.tiny.claims: Additional properties are not allowed ('seed' was unexpected)"),
     ("no_energy", lambda x: x["distill"]["train"].pop("update_energy_every"),
      "experiments.tiny.distill.train.update_energy_every: the coordinates claim reads each run's update_energy.csv"),
+    ("no_ladder", lambda x: x["claims"].pop("ladder"),
+     "experiments.tiny.claims.ladder: the saturation claim needs the budgets of its ladder"),
+    ("unknown_claim", lambda x: x["claims"].update(include=["table1", "speed"]),
+     "at experiments.tiny.claims.include.1: 'speed' is not one of"),
+    ("no_slice", lambda x: x["claims"].update(arms=["dense", "core"]),
+     "experiments.tiny.claims.arms: the controls are gains over slice"),
 ]
+
+
+def test_a_claims_section_that_leaves_claims_out_needs_only_what_the_rest_read():
+    """Without saturation and coordinates, no ladder and no update energy are asked for; the runs are
+    those of the included claims, the controls with the arms named."""
+    def subset(x):
+        x["claims"].update(include=["capacity", "table1", "controls"], arms=["slice", "dense", "core", "coreortho"])
+        x["claims"].pop("ladder")
+        x["distill"]["train"].pop("update_energy_every")
+    assert claims_refusal(subset) == []
+    settings = default_config()["experiments"]["tiny"]
+    subset(settings)
+    t = settings["claims"]["tokens"]
+    arms = ("slice", "dense", "core", "coreortho")
+    assert set(claims.all_claim_runs(settings)) == {f"lrc-{a}-s{s}-t{t}" for a in arms for s in (0, 1, 2)}
+    assert claims.included(settings) == ("capacity", "table1", "controls")
+    assert claims.claim_inputs("tiny", settings, "saturation") == []
+    assert not any(job.rule == "knockout_audit" for job in wc.jobs(settings))
 
 
 @pytest.mark.parametrize("name, edit, message", BAD_CLAIMS, ids=[n for n, *_ in BAD_CLAIMS])

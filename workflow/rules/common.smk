@@ -261,6 +261,8 @@ def warmstart_input(wildcards):
 # ---------------------------------------------------------------- the claims (claims.smk)
 
 CLAIM_EXPS = [e for e in EXPS if claims.has_claims(settings(e))]
+# the claims some experiment asks for (claims.include): the summary's inputs
+CLAIMS_ASKED = [c for c in CLAIMS if any(c in claims.included(settings(e)) for e in CLAIM_EXPS)]
 
 
 def claim_inputs(claim):
@@ -270,6 +272,8 @@ def claim_inputs(claim):
     def inputs(wildcards=None):
         if not CLAIM_EXPS:
             raise WorkflowError(f"results/claims/{claim}.csv needs an experiment with a `claims` section (see config/config.yaml)")
+        if claim not in CLAIMS_ASKED:
+            raise WorkflowError(f"results/claims/{claim}.csv: no experiment's claims.include names {claim}")
         return [path for exp in CLAIM_EXPS for path in claims.claim_inputs(exp, settings(exp), claim)]
 
     return inputs
