@@ -88,7 +88,7 @@ class PlanArgs:
                 "--recompute-teacher (default: the config's distill setting, else off)"})
     weight_build: Literal["auto", "step", "micro_batch"] = field(default="auto", metadata={
         "help": "the student's weights built once per optimiser step or per micro-batch, as lrc distill "
-                "--weight-build (auto on a GPU: per micro-batch)"})
+                "--weight-build"})
     layers: int = field(default=0, metadata={"help": "trace a teacher with this many decoder layers (0: the config's)"})
     cost: bool = field(default=True, metadata={
         "help": "count each arm's FLOPs per step on the traced step (token work, weight-side, optimiser) and give "
@@ -217,7 +217,7 @@ def resolve(args: PlanArgs) -> Setting:
             raise LRCError(f"--{name.replace('_', '-')} must be a positive integer, got {values[name]!r}")
     check_choice("--precision", values["precision"], ("fp32", "bf16"))
     check_choice("--sharding", values["sharding"], ("ddp", "fsdp"))
-    values["build_once"] = builds_once(args.weight_build, micro_batches, values["sharding"] == "fsdp", gpu=True)
+    values["build_once"] = builds_once(args.weight_build, micro_batches, values["sharding"] == "fsdp")
     for name in ("activation_checkpointing", "shard_optimizer", "recompute_teacher"):
         if not isinstance(values[name], bool):
             raise LRCError(f"--{name.replace('_', '-')} is true or false, got {values[name]!r}")

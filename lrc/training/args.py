@@ -83,9 +83,9 @@ class TrainArgs:
                 "values (ZeRO stage 1; the same trajectory and checkpoints; lrc.training.optim)"})
     weight_build: Literal["auto", "step", "micro_batch"] = field(default="auto", metadata={
         "help": "build the student's parametrised weights once per optimiser step (step) or in every micro-batch's "
-                "forward (micro_batch); auto: step with gradient accumulation on the CPU, micro_batch on a GPU "
-                "(step holds every weight's fp32 copy and gradient through the step: lrc plan --weight-build step "
-                "shows the memory) and under FSDP2 (lrc.training.weight_build)"})
+                "forward (micro_batch); auto: step with gradient accumulation, micro_batch with one micro-batch "
+                "per step and under FSDP2 (step holds every weight and its gradient's fp32 sum through the step: "
+                "lrc plan --weight-build step shows the memory; lrc.training.weight_build)"})
     divide_weight_build: bool = field(default=False, metadata={
         "help": "DDP, weights built once per step: each process builds 1/N of every weight's rows and the blocks "
                 "are gathered (less compute, an all-gather and a reduce-scatter of the weights per step; on 2 CPU "

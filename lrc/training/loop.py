@@ -254,10 +254,10 @@ def setup(objective: Objective, model: torch.nn.Module, dataset: Dataset, args: 
     fsdp = accelerator.distributed_type.name == "FSDP"
     accum = args.batch_size // (args.micro_batch_size * P)
     # A refused choice is named before any work; a plain model has nothing to build.
-    gpu, parametrised = accelerator.device.type != "cpu", weight_build.parametrised(model)
-    build_once = weight_build.builds_once(args.weight_build, accum, fsdp, gpu=gpu) and parametrised
+    parametrised = weight_build.parametrised(model)
+    build_once = weight_build.builds_once(args.weight_build, accum, fsdp) and parametrised
     if args.divide_weight_build and parametrised and not build_once:
-        raise LRCError(weight_build.not_divided(args.weight_build, accum, fsdp, gpu))
+        raise LRCError(weight_build.not_divided(args.weight_build, accum, fsdp))
     if fsdp and args.shard_optimizer:
         raise LRCError("--shard-optimizer (train.shard_optimizer) is for DDP; FSDP2 shards the optimiser states itself")
     # FSDP2 and a tied student: one group for the shared factor, before the optimiser holds it.

@@ -6,9 +6,10 @@ forward of every micro-batch, and differentiated again in every backward. That w
 depend on the tokens, so with gradient accumulation it is paid once per micro-batch for nothing.
 
 ``step`` builds each weight once at the start of the step, under the step's autocast, and hands
-the micro-batches a detached copy (a leaf) through parametrize's own cache, so every forward reads
-the same tensor and every backward adds its gradient into the leaf's ``.grad``. After the last
-micro-batch, :meth:`StepWeights.backward` sends those gradients through the factor products once.
+the micro-batches a detached view of it (a leaf, no copy) through parametrize's own cache, so every
+forward reads the same tensor and every backward adds its gradient into the leaf's ``.grad``; a
+bf16 weight (mixed precision) moves each micro-batch's gradient into an fp32 sum instead. After the
+last micro-batch, :meth:`StepWeights.backward` sends the summed gradients through the factor products once.
 The math is the same as building per micro-batch (the gradient of a sum); only the order of the
 additions differs (tests/training/test_weight_build.py: within 1e-5 over 20 AdamW steps).
 
@@ -41,25 +42,24 @@ from lrc.errors import LRCError
 WEIGHT_BUILDS = ("auto", "step", "micro_batch")
 
 
-def builds_once(choice: str, accum: int, fsdp: bool, gpu: bool = False) -> bool:
+def builds_once(choice: str, accum: int, fsdp: bool) -> bool:
     """Whether a step builds its weights once: ``auto`` does when there is more than one
-    micro-batch to share them, the model is not FSDP-sharded and it trains on the CPU. On a GPU,
-    where memory binds, ``auto`` builds per micro-batch: a step that builds once holds every
-    weight's fp32 copy and gradient through the step (at Llama-3.2-3B widths on one GPU, 9 to 26 GiB
+    micro-batch to share them and the model is not FSDP-sharded. The price is each weight held
+    through the step and its gradient's fp32 sum (at Llama-3.2-3B widths on one GPU, 1.2 to 6.1 GiB
     more per arm, ``lrc plan --weight-build step``)."""
     if choice == "step" and fsdp:
         raise LRCError("--weight-build step (train.weight_build) does not run under FSDP2, which gathers each "
                        "layer's factors only around its forward; use auto or micro_batch")
     if choice not in WEIGHT_BUILDS:
         raise LRCError(f"unknown --weight-build {choice!r}; choose one of: {', '.join(WEIGHT_BUILDS)}")
-    return choice == "step" or (choice == "auto" and accum > 1 and not fsdp and not gpu)
+    return choice == "step" or (choice == "auto" and accum > 1 and not fsdp)
 
 
-def not_divided(choice: str, accum: int, fsdp: bool, gpu: bool) -> str:
+def not_divided(choice: str, accum: int, fsdp: bool) -> str:
     """Why ``--divide-weight-build`` has nothing to divide: the run builds per micro-batch."""
     why = ("FSDP2 builds each layer's weights in its own forward" if fsdp
            else f"--weight-build {choice} with {accum} micro-batch{'es' if accum > 1 else ''} per step"
-           + (" on a GPU" if gpu and choice == "auto" else "") + " builds them in every micro-batch's forward")
+           " builds them in every micro-batch's forward")
     return (f"--divide-weight-build (train.divide_weight_build) divides the once-per-step build of the weights, "
             f"but this run does not build them once: {why}; add --weight-build step (train.weight_build) "
             "or drop --divide-weight-build")
@@ -73,18 +73,28 @@ class StepWeights:
 
     def __init__(self, model: torch.nn.Module, process_index: int = 0, num_processes: int = 1):
         self.rank, self.world = process_index, num_processes
-        self.keys, self.built, self.leaves, self.blocks = [], [], [], []
+        self.keys, self.built, self.leaves, self.blocks, self.sums = [], [], [], [], []
         for module in model.modules():
             if parametrize.is_parametrized(module):
                 for name, plist in module.parametrizations.items():
                     weight, block = self._build(module, name, plist)
-                    # A low-precision weight (built under autocast) gathers its gradient in fp32.
+                    # The leaf shares the built weight's memory (a block's: the gathered copy's).
                     leaf = (weight if block is None else self._gathered(weight, block)).detach()
                     self.keys.append((id(module), name))
                     self.built.append(weight)
                     self.blocks.append(block)
-                    self.leaves.append(leaf.to(torch.promote_types(leaf.dtype, torch.float32))
-                                       .requires_grad_(weight.requires_grad))
+                    self.leaves.append(leaf.requires_grad_(weight.requires_grad))
+                    self.sums.append(None)
+                    if weight.requires_grad and leaf.dtype.itemsize < 4:
+                        # A low-precision weight (built under autocast) sums its micro-batches' gradients in
+                        # fp32: one fp32 copy per weight, not a low-precision sum of the micro-batches.
+                        leaf.register_post_accumulate_grad_hook(self._summer(len(self.sums) - 1))
+
+    def _summer(self, i: int) -> Callable[[torch.Tensor], None]:
+        def add(leaf: torch.Tensor) -> None:
+            self.sums[i] = leaf.grad.float() if self.sums[i] is None else self.sums[i].add_(leaf.grad)
+            leaf.grad = None
+        return add
 
     def _build(self, module, name, plist) -> tuple[torch.Tensor, tuple[int, int, int, int] | None]:
         """The whole weight, or this process's rows of it: (block, (start, stop, rows per block, rows))."""
@@ -120,18 +130,19 @@ class StepWeights:
         gradient is its rows summed over the processes, so the factor gradients it gives are partial
         sums of all processes' gradients: :func:`average_gradients` completes them."""
         pairs = []
-        for w, leaf, block in zip(self.built, self.leaves, self.blocks):
+        for w, leaf, block, summed in zip(self.built, self.leaves, self.blocks, self.sums):
             if not w.requires_grad:
                 continue
+            grad = summed if summed is not None else leaf.grad
             if block is None:  # whole: nothing to send where the micro-batches gave no gradient
-                if leaf.grad is not None:
-                    pairs.append((w, leaf.grad.to(w.dtype)))
+                if grad is not None:
+                    pairs.append((w, grad.to(w.dtype)))
             else:  # a block: every process takes part in the reduce-scatter, with zeros if need be
-                grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                grad = grad if grad is not None else torch.zeros_like(leaf, dtype=torch.float32)
                 pairs.append((w, _summed_rows(grad, block, self.world).to(w.dtype)))
         if pairs:
             torch.autograd.backward([w for w, _ in pairs], [g for _, g in pairs])
-        self.built, self.leaves, self.blocks = [], [], []
+        self.built, self.leaves, self.blocks, self.sums = [], [], [], []
 
 
 def _summed_rows(grad: torch.Tensor, where: tuple[int, int, int, int], world: int) -> torch.Tensor:

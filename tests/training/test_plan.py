@@ -165,9 +165,10 @@ def test_the_accumulation_follows_the_configs_batch_at_the_plans_micro_batch_and
 
 def test_the_weights_are_planned_built_once_per_step_where_distill_builds_them_so():
     config = ROOT / "config/paper/llama3.2-3b.yaml"
-    # auto plans a GPU run: built per micro-batch, with or without accumulation; step is asked for
+    # auto: once per step with accumulation (8 micro-batches on one GPU), per micro-batch without (8 GPUs)
     assert not resolve(PlanArgs(workflow_config=config)).build_once
-    assert not resolve(PlanArgs(workflow_config=config, gpus=1)).build_once
+    assert resolve(PlanArgs(workflow_config=config, gpus=1)).build_once
+    assert not resolve(PlanArgs(workflow_config=config, gpus=1, weight_build="micro_batch")).build_once
     assert resolve(PlanArgs(workflow_config=config, gpus=1, weight_build="step")).build_once
     assert resolve(PlanArgs(workflow_config=config, weight_build="step")).build_once
     with pytest.raises(LRCError, match="--weight-build step"):
