@@ -14,7 +14,8 @@ The split the planner reports:
   gradient accumulation outside FSDP2, :mod:`lrc.training.weight_build`; whole on every process: the
   division between DDP processes, opt-in, is not counted) or in every forward of every
   micro-batch (and its layer's once more in the backward under activation checkpointing). Counted by
-  building each parametrised weight once and back-propagating a gradient through it, times the builds.
+  building each parametrised weight once and back-propagating a gradient through it, times the builds
+  (built once per step, a tied head reads the embedding's product: counted once).
 * ``optimizer``: the optimiser step (core's basis change when it runs there).
 * ``token_work``: the rest, what a plain student of the deployed shape would also do.
 """
@@ -30,6 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lrc.training.loop import train_step
 from lrc.training.memory import StepSpec, _batches, _prepared
+from lrc.training.weight_build import StepWeights
 
 
 def _parametrised(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -70,7 +72,10 @@ def step_flops(spec: StepSpec) -> dict:
             vars(run.optimizer).pop(name, None)  # the class's methods again
         modules = _parametrised(student)
         weights: list[torch.Tensor] = []
-        build = _count(lambda: weights.extend(m.weight for _, m in modules))
+        if spec.build_once:  # as the step builds them: a tied head reads the embedding's product
+            build = _count(lambda: weights.extend(StepWeights(student).built))
+        else:
+            build = _count(lambda: weights.extend(m.weight for _, m in modules))
         rebuilt = _count(lambda: [m.weight for name, m in modules if ".layers." in name])
         differentiate = _count(lambda: torch.autograd.backward(
             [w for w in weights if w.requires_grad], [torch.ones_like(w) for w in weights if w.requires_grad]))

@@ -8,8 +8,9 @@ depend on the tokens, so with gradient accumulation it is paid once per micro-ba
 ``step`` builds each weight once at the start of the step, under the step's autocast, and hands
 the micro-batches a detached view of it (a leaf, no copy) through parametrize's own cache, so every
 forward reads the same tensor and every backward adds its gradient into the leaf's ``.grad``; a
-bf16 weight (mixed precision) moves each micro-batch's gradient into an fp32 sum instead. After the
-last micro-batch, :meth:`StepWeights.backward` sends the summed gradients through the factor products once.
+bf16 weight (mixed precision) moves each micro-batch's gradient into an fp32 sum instead. A tied
+student's head is the embedding's product, built once for both. After the last micro-batch,
+:meth:`StepWeights.backward` sends the summed gradients through the factor products once.
 The math is the same as building per micro-batch (the gradient of a sum); only the order of the
 additions differs (tests/training/test_weight_build.py: within 1e-5 over 20 AdamW steps).
 
@@ -45,7 +46,7 @@ WEIGHT_BUILDS = ("auto", "step", "micro_batch")
 def builds_once(choice: str, accum: int, fsdp: bool) -> bool:
     """Whether a step builds its weights once: ``auto`` does when there is more than one
     micro-batch to share them and the model is not FSDP-sharded. The price is each weight held
-    through the step and its gradient's fp32 sum (at Llama-3.2-3B widths on one GPU, 1.2 to 6.1 GiB
+    through the step and its gradient's fp32 sum (at Llama-3.2-3B widths on one GPU, 0.1 to 5.0 GiB
     more per arm, ``lrc plan --weight-build step``)."""
     if choice == "step" and fsdp:
         raise LRCError("--weight-build step (train.weight_build) does not run under FSDP2, which gathers each "
@@ -74,9 +75,15 @@ class StepWeights:
     def __init__(self, model: torch.nn.Module, process_index: int = 0, num_processes: int = 1):
         self.rank, self.world = process_index, num_processes
         self.keys, self.built, self.leaves, self.blocks, self.sums = [], [], [], [], []
+        self.aliases: list[tuple[tuple[int, str], torch.Tensor]] = []
+        seen: dict[tuple, torch.Tensor] = {}
         for module in model.modules():
             if parametrize.is_parametrized(module):
                 for name, plist in module.parametrizations.items():
+                    same = _product_key(plist)
+                    if same is not None and same in seen:  # a tied head: the embedding's product, read twice
+                        self.aliases.append(((id(module), name), seen[same]))
+                        continue
                     weight, block = self._build(module, name, plist)
                     # The leaf shares the built weight's memory (a block's: the gathered copy's).
                     leaf = (weight if block is None else self._gathered(weight, block)).detach()
@@ -85,6 +92,8 @@ class StepWeights:
                     self.blocks.append(block)
                     self.leaves.append(leaf.requires_grad_(weight.requires_grad))
                     self.sums.append(None)
+                    if same is not None:
+                        seen[same] = leaf
                     if weight.requires_grad and leaf.dtype.itemsize < 4:
                         # A low-precision weight (built under autocast) sums its micro-batches' gradients in
                         # fp32: one fp32 copy per weight, not a low-precision sum of the micro-batches.
@@ -124,6 +133,7 @@ class StepWeights:
         """Put the leaves where parametrize looks first (its cache, keyed ``(id(module), name)``;
         open only inside ``parametrize.cached()``)."""
         parametrize._cache.update(zip(self.keys, self.leaves))
+        parametrize._cache.update(self.aliases)
 
     def backward(self) -> None:
         """The micro-batches' summed weight gradients, through the factor products, once. A row block's
@@ -142,7 +152,17 @@ class StepWeights:
                 pairs.append((w, _summed_rows(grad, block, self.world).to(w.dtype)))
         if pairs:
             torch.autograd.backward([w for w, _ in pairs], [g for _, g in pairs])
-        self.built, self.leaves, self.blocks, self.sums = [], [], [], []
+        self.built, self.leaves, self.blocks, self.sums, self.aliases = [], [], [], [], []
+
+
+def _product_key(plist) -> tuple | None:
+    """What makes two parametrised weights the same product: the same map of the same teacher tensor
+    on the same factor (a tied student's embedding and head); None for a map that reads no teacher."""
+    param = plist[0] if len(plist) == 1 else None
+    frozen = getattr(param, "frozen", None) if param is not None else None
+    if frozen is None:
+        return None
+    return type(param), frozen.data_ptr(), tuple(frozen.shape), id(plist.original)
 
 
 def _summed_rows(grad: torch.Tensor, where: tuple[int, int, int, int], world: int) -> torch.Tensor:

@@ -96,6 +96,20 @@ def test_each_weight_is_built_once_per_step(tmp_path, weight_build, builds_per_s
     assert set(built.values()) == {2 * builds_per_step}
 
 
+def test_a_tied_head_reads_the_embeddings_build(tmp_path):
+    """A tied student's embedding and head are one product (the teacher's embedding times the shared factor):
+    built once per step for both, where the per-micro-batch order builds it twice per forward."""
+    teacher, student = perturbed_student("llama-tied", "slice")
+    built: dict[str, int] = {}
+    for name in ("model.embed_tokens", "lm_head"):
+        def count(*_, name=name):
+            built[name] = built.get(name, 0) + 1
+        student.get_submodule(name).parametrizations.weight.register_forward_hook(count)
+    args = TrainArgs(tokens=2 * 4 * SEQ, batch_size=4, micro_batch_size=1, progress=False, weight_build="step")
+    train(CloneObjective(teacher, student, RecipeArgs()), student, RandomTokens(rows=8), args, tmp_path / "run")
+    assert built == {"model.embed_tokens": 2}  # 2 steps; the head read the same leaf
+
+
 def test_auto_builds_once_only_where_it_can_and_step_is_refused_under_fsdp():
     assert builds_once("auto", accum=4, fsdp=False) and not builds_once("auto", accum=1, fsdp=False)
     assert not builds_once("auto", accum=4, fsdp=True) and not builds_once("micro_batch", accum=4, fsdp=False)
