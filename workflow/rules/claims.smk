@@ -127,7 +127,7 @@ rule claim_coordinates:
 
 rule claims:
     input:
-        expand("results/claims/{claim}.csv", claim=CLAIMS_ASKED),
+        claims_summary_inputs,
     output:
         csv=report("results/claims.csv", caption="../report/claims.rst", category="Claims"),
         md=report("results/claims.md", caption="../report/claims.rst", category="Claims"),

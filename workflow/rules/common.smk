@@ -279,6 +279,13 @@ def claim_inputs(claim):
     return inputs
 
 
+def claims_summary_inputs(wildcards=None):
+    """The claim tables results/claims.md summarises: those some experiment's claims section asks for."""
+    if not CLAIM_EXPS:
+        raise WorkflowError("results/claims.md needs an experiment with a `claims` section (see config/config.yaml)")
+    return expand("results/claims/{claim}.csv", claim=CLAIMS_ASKED)
+
+
 def update_energy_files(wildcards, input):
     """The coordinates claim's inputs are distill directories; it reads their update_energy.csv."""
     return " ".join(shlex.quote(f"{d}/update_energy.csv") for d in input)
