@@ -20,7 +20,7 @@ from lrc.analysis.claims_rows import records_by_seed
 from lrc.analysis.paired_items import paired_scores
 from lrc.analysis.stats import paired_bootstrap, paired_t_pvalue, per_seed_text, t_interval
 from lrc.errors import LRCError
-from lrc.io.lm_eval_records import records_dir
+from lrc.io.lm_eval_records import summary_records
 
 ITEMS_RULE = "items"
 # held-out measure kept per row by `lrc evaluate` -> (its name in a comparison, the unit of a difference)
@@ -28,9 +28,7 @@ HELDOUT = {"kl_to_teacher": "KL to the teacher (nats per token)", "nll": "cross-
 
 
 def _records(record: dict[str, Any]) -> Path:
-    recorded = record["data"].get("lm_eval_records")
-    path = Path(record["file"])
-    return path.parent / recorded if recorded else records_dir(path)
+    return summary_records(record["file"], record["data"])
 
 
 def item_rows(records: list[dict[str, Any]], claim: str, pairs: Sequence[tuple[str, int, str]]) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from lrc.analysis.paired_items import compare_table, heldout_table
 from lrc.analysis.stats import LEVEL
 from lrc.analysis.tables import write_csv
 from lrc.errors import LRCError
-from lrc.io.lm_eval_records import records_dir
+from lrc.io.lm_eval_records import summary_records
 from lrc.options import parse_args
 
 
@@ -51,8 +51,7 @@ def evaluation(path: Path) -> Evaluation:
         raise LRCError(f"{path}: not an `lrc evaluate` summary JSON ({err})") from err
     if not isinstance(summary, dict) or "tasks" not in summary:
         raise LRCError(f"{path}: not an `lrc evaluate` summary JSON (no `tasks`)")
-    recorded = summary.get("lm_eval_records")
-    records = path.parent / recorded if recorded else records_dir(path)
+    records = summary_records(path, summary)
     if summary["tasks"] and not records.is_dir():
         raise LRCError(f"{path}: its lm-eval records {records} are missing (evaluations before lrc kept them "
                        "must be run again)")

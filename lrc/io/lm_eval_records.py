@@ -25,6 +25,12 @@ def records_dir(summary: str | Path) -> Path:
     return summary.with_name(summary.stem + ".lm_eval")
 
 
+def summary_records(summary_path: str | Path, summary: dict[str, Any]) -> Path:
+    """The records directory of a loaded summary JSON: the one it names, else the one beside it."""
+    recorded = summary.get("lm_eval_records")
+    return Path(summary_path).parent / recorded if recorded else records_dir(summary_path)
+
+
 def _json_default(value: Any) -> Any:
     # lm-eval's results hold numpy scalars, sets, dtypes and callables among its configs.
     if hasattr(value, "item") and callable(value.item):
