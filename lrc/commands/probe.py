@@ -87,8 +87,12 @@ def main(argv=None) -> int:
                              lr=args.lr)
         rows.append(result.row())
         print(f"layer {i}: top-{args.student_hidden} energy {100 * result.energy:.2f} %, held-out error slice "
-              f"{100 * result.slice_error:.3f} %, free {100 * result.free_error:.3f} %, stranded "
+              f"{100 * result.slice_error:.3f} % (fitted {100 * result.slice_fit_error:.3f} %), free "
+              f"{100 * result.free_error:.3f} % (fitted {100 * result.free_fit_error:.3f} %), stranded "
               f"{100 * result.stranded:.1f} %", flush=True)
+        if result.slice_halvings or result.free_halvings:
+            print(f"layer {i}: the fits diverged and halved their learning rate {result.slice_halvings} (slice) and "
+                  f"{result.free_halvings} (free) times; a lower --lr saves those steps", flush=True)
     write_rows(rows, args.out)
     settings = args.out.with_name(args.out.name + ".settings.json")  # beside the CSV: its folder is shared
     write_json_atomic(settings, provenance("probe", args))

@@ -18,7 +18,12 @@ tokens:
 Both fits start from the PCA truncation (A, P_g, P_u: X's top-r directions; B, P_d: Y's) and run
 full-batch Adam, warmed up, then cosine; ``plateau`` is the relative drop of the fitting loss over
 the last tenth of the steps (small: it has flattened). A fit, not an optimum: more steps can
-only lower both errors.
+only lower both errors. A learning rate that suits one teacher can diverge on another (0.01 did
+on SmolLM2-135M's layer 15: the fitting loss rose from 0.13 to 10⁵ within 50 steps), so a step
+whose loss is more than twice the best so far is undone: the best weights come back, Adam starts
+afresh and the peak rate halves (``*_halvings`` counts them). The fits' own errors on the fitted
+positions (``*_fit_error``) stand beside the held-out ones, so a fit that failed is told apart
+from one that does not transfer.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ from torch import nn
 
 from lrc.errors import LRCError
 
-PROBE_COLUMNS = ("layer", "energy", "slice_error", "free_error", "stranded", "slice_plateau", "free_plateau",
-                 "train_rows", "heldout_rows")
+PROBE_COLUMNS = ("layer", "energy", "slice_error", "free_error", "stranded", "slice_fit_error", "free_fit_error",
+                 "slice_plateau", "free_plateau", "slice_halvings", "free_halvings", "train_rows", "heldout_rows")
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,12 @@ class LayerCapacity:
     slice_error: float
     free_error: float
     stranded: float
+    slice_fit_error: float
+    free_fit_error: float
     slice_plateau: float
     free_plateau: float
+    slice_halvings: int
+    free_halvings: int
     train_rows: int
     heldout_rows: int
 
@@ -129,26 +138,53 @@ def relative_error(model: ProbeMLP, x: torch.Tensor, y: torch.Tensor) -> float:
         return float(((model(x) - y) ** 2).sum() / (y ** 2).sum().clamp_min(torch.finfo(y.dtype).tiny))
 
 
-def fit(model: ProbeMLP, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float) -> float:
+@dataclass(frozen=True)
+class Fit:
+    error: float  # relative error on the fitted positions, at the best weights
+    plateau: float
+    halvings: int
+
+
+def fit(model: ProbeMLP, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float, blowup: float = 2.0) -> Fit:
     """Full-batch Adam on the relative error, a linear warm-up over the first tenth of the steps
     (Adam's first steps are full-size whatever the gradient: without it the free fit leaves the
-    slice's optimum it starts from), then cosine to 0; returns the plateau measure."""
+    slice's optimum it starts from), then cosine to 0. A loss above ``blowup`` times the best so
+    far (plus 1e-6, so a fit at rounding level is left alone) restores the best weights, restarts
+    Adam (warm-up included) and halves the peak rate; the model ends at its best weights."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=lr)
     scale = (y ** 2).sum().clamp_min(torch.finfo(y.dtype).tiny)
     tail, losses = max(1, steps // 10), []
+    opt, since, halvings = torch.optim.Adam(params, lr=lr), 0, 0
+    best, best_loss = [p.detach().clone() for p in params], math.inf
     for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = lr * min(1.0, (step + 1) / tail) * 0.5 * (1 + math.cos(math.pi * step / steps))
         loss = ((model(x) - y) ** 2).sum() / scale
+        value = float(loss.detach())
+        losses.append(value)
+        if value < best_loss:
+            best_loss = value
+            for kept, p in zip(best, params):
+                kept.copy_(p.detach())
+        elif not value <= blowup * best_loss + 1e-6:  # a NaN too; below 1e-6 of ‖Y‖², rounding
+            with torch.no_grad():
+                for kept, p in zip(best, params):
+                    p.copy_(kept)
+            opt, since, halvings = torch.optim.Adam(params, lr=lr), 0, halvings + 1
+            continue
+        for group in opt.param_groups:
+            warm = min(1.0, (since + 1) / tail)
+            group["lr"] = lr / 2 ** halvings * warm * 0.5 * (1 + math.cos(math.pi * step / steps))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(float(loss.detach()))
+        since += 1
+    with torch.no_grad():
+        for kept, p in zip(best, params):
+            p.copy_(kept)
+    error = relative_error(model, x, y)
     if len(losses) <= tail:
-        return float("nan")
+        return Fit(error, float("nan"), halvings)
     before = losses[-tail - 1]
-    return (before - losses[-1]) / before if before > 0 else 0.0
+    return Fit(error, (before - losses[-1]) / before if before > 0 else 0.0, halvings)
 
 
 def probe_layer(mlp: nn.Module, x: torch.Tensor, y: torch.Tensor, r: int, *, layer: int, steps: int, lr: float,
@@ -163,11 +199,11 @@ def probe_layer(mlp: nn.Module, x: torch.Tensor, y: torch.Tensor, r: int, *, lay
     read, energy = top_directions(x_fit, r)
     write, _ = top_directions(y_fit, r)
     model = ProbeMLP(mlp, read, write)
-    slice_plateau = fit(model, x_fit, y_fit, steps=steps, lr=lr)
+    sliced = fit(model, x_fit, y_fit, steps=steps, lr=lr)
     slice_error = relative_error(model, x_test, y_test)
     model.make_free()
-    free_plateau = fit(model, x_fit, y_fit, steps=steps, lr=lr)
+    free = fit(model, x_fit, y_fit, steps=steps, lr=lr)
     free_error = relative_error(model, x_test, y_test)
     stranded = (slice_error - free_error) / slice_error if slice_error > 0 else float("nan")
-    return LayerCapacity(layer, energy, slice_error, free_error, stranded, slice_plateau, free_plateau,
-                         len(x_fit), n_test)
+    return LayerCapacity(layer, energy, slice_error, free_error, stranded, sliced.error, free.error, sliced.plateau,
+                         free.plateau, sliced.halvings, free.halvings, len(x_fit), n_test)

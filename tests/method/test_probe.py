@@ -3,6 +3,8 @@ reachability is known, and end to end on a saved HF teacher with a token directo
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,7 +14,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP
 
 from lrc import cli
 from lrc.errors import LRCError
-from lrc.method.capacity import PROBE_COLUMNS, probe_layer, top_directions
+from lrc.method.capacity import PROBE_COLUMNS, ProbeMLP, fit, probe_layer, relative_error, top_directions
 from tests.helpers import VOCAB, make_teacher
 
 H, D_FF, R, N = 16, 48, 4, 1200
@@ -42,6 +44,7 @@ def test_a_teacher_mlp_that_reads_and_writes_r_directions_is_reached_by_the_slic
     row = probe_layer(mlp, x, y, R, layer=0, steps=50, lr=1e-3)
     assert row.energy == pytest.approx(1.0, abs=1e-6)
     assert row.slice_error < 1e-6 and row.free_error < 1e-5
+    assert row.slice_fit_error < 1e-6
     assert row.heldout_rows == N // 4 and row.train_rows == N - N // 4
 
 
@@ -55,9 +58,29 @@ def test_a_teacher_mlp_that_reads_every_direction_leaves_the_slice_a_residual():
     row = probe_layer(mlp, x, y, R, layer=3, steps=150, lr=0.01)
     assert 0.25 < row.energy < 0.45 and row.layer == 3
     assert row.slice_error > 0.2
-    assert row.free_error <= row.slice_error * 1.02  # held out: the free fit starts where the slice ended
+    # the free fit starts at the slice's best weights and keeps its own best: never worse where it fits;
+    # held out it over-fits the 900 positions a little (0.836 against the slice's 0.820 here)
+    assert row.free_fit_error <= row.slice_fit_error * (1 + 1e-6)
+    assert row.free_error <= row.slice_error * 1.05
     assert row.stranded == pytest.approx((row.slice_error - row.free_error) / row.slice_error)
     assert 0 <= row.slice_plateau < 0.05  # the fitting loss has flattened over the last tenth of the steps
+
+
+def test_a_learning_rate_that_diverges_is_halved_and_the_fit_keeps_its_best_weights():
+    """At lr 1 the first full-size Adam steps blow the loss up: each blow-up is undone and the
+    rate halved, and the fit ends no worse on its own positions than the PCA start it began from."""
+    mlp = llama_mlp(0)
+    x = torch.randn(N, H, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        y = mlp(x)
+    start = ProbeMLP(mlp, top_directions(x, R)[0], top_directions(y, R)[0])
+    start_error = relative_error(start, x, y)
+    result = fit(start, x, y, steps=60, lr=1.0)
+    assert result.halvings >= 1
+    assert math.isfinite(result.error) and result.error <= start_error
+    assert result.error == pytest.approx(relative_error(start, x, y))  # the model holds the best weights
+    calm = ProbeMLP(mlp, top_directions(x, R)[0], top_directions(y, R)[0])
+    assert fit(calm, x, y, steps=60, lr=1e-3).halvings == 0
 
 
 def test_top_directions_are_the_leading_eigenvectors_and_their_energy_share():
