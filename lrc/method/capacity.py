@@ -145,6 +145,12 @@ class Fit:
     halvings: int
 
 
+@torch.no_grad()
+def _copy(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    for target, source in zip(targets, sources):
+        target.copy_(source)
+
+
 def fit(model: ProbeMLP, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: float, blowup: float = 2.0) -> Fit:
     """Full-batch Adam on the relative error, a linear warm-up over the first tenth of the steps
     (Adam's first steps are full-size whatever the gradient: without it the free fit leaves the
@@ -157,17 +163,14 @@ def fit(model: ProbeMLP, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: fl
     opt, since, halvings = torch.optim.Adam(params, lr=lr), 0, 0
     best, best_loss = [p.detach().clone() for p in params], math.inf
     for step in range(steps):
-        loss = ((model(x) - y) ** 2).sum() / scale
+        loss = ((model(x) - y) ** 2).sum() / scale  # relative_error's, with its gradient
         value = float(loss.detach())
         losses.append(value)
         if value < best_loss:
             best_loss = value
-            for kept, p in zip(best, params):
-                kept.copy_(p.detach())
+            _copy(best, params)
         elif not value <= blowup * best_loss + 1e-6:  # a NaN too; below 1e-6 of ‖Y‖², rounding
-            with torch.no_grad():
-                for kept, p in zip(best, params):
-                    p.copy_(kept)
+            _copy(params, best)
             opt, since, halvings = torch.optim.Adam(params, lr=lr), 0, halvings + 1
             continue
         for group in opt.param_groups:
@@ -177,10 +180,8 @@ def fit(model: ProbeMLP, x: torch.Tensor, y: torch.Tensor, *, steps: int, lr: fl
         loss.backward()
         opt.step()
         since += 1
-    with torch.no_grad():
-        for kept, p in zip(best, params):
-            p.copy_(kept)
-    error = relative_error(model, x, y)
+    _copy(params, best)
+    error = best_loss if losses else relative_error(model, x, y)  # --steps 0: the PCA start's
     if len(losses) <= tail:
         return Fit(error, float("nan"), halvings)
     before = losses[-tail - 1]
